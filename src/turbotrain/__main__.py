@@ -1,0 +1,3 @@
+from turbotrain.cli import main
+
+raise SystemExit(main())

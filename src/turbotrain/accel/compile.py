@@ -1,0 +1,88 @@
+"""torch.compile, whole model or per block, with the compile time measured and an eager fallback.
+
+Compilation is lazy: it happens in the first forward/backward. The trainer therefore times the first
+step as compile time and, when that step raises a compiler error, calls `disable_compile` and redoes the
+step eagerly, printing the reason once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from turbotrain.monitor.log import say
+
+Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+@dataclass
+class CompileConfig:
+    enabled: bool = False
+    mode: Mode = "default"
+    scope: Literal["model", "blocks"] = "model"
+    fullgraph: bool = False
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
+    """The repeated blocks of a model: `model.blocks` if present, else its longest ModuleList/Sequential."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > 1]
+    return max(lists, key=len, default=None)
+
+
+def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | None = None) -> list[nn.Module]:
+    """Compile in place (nn.Module.compile keeps state_dict keys clean) and return the compiled modules.
+
+    scope="model": `module` (the model with its loss) becomes one graph, so the loss fuses with the head.
+    scope="blocks": each repeated block of `blocks_of` is compiled alone (regional compile): one graph
+    reused by every block, so compile time stays flat as depth grows.
+    """
+    if not cfg.enabled:
+        return []
+    kwargs = dict(mode=cfg.mode, fullgraph=cfg.fullgraph)
+    if cfg.scope == "model":
+        targets = [module]
+    else:
+        blocks = find_blocks(blocks_of if blocks_of is not None else module)
+        if blocks is None:
+            say("compile: scope=blocks but the model has no repeated blocks; compiling the whole model")
+            targets = [module]
+        else:
+            targets = list(blocks)
+    for m in targets:
+        m.compile(**kwargs)
+    return targets
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Errors raised by dynamo/inductor (as opposed to errors of the model's own code)."""
+    mod = type(exc).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor")) or isinstance(
+        exc, torch._dynamo.exc.TorchDynamoException
+    )
+
+
+def disable_compile(compiled: list[nn.Module], exc: BaseException) -> None:
+    """Fall back to eager for every compiled module, saying why once."""
+    reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    say(f"compile: failed ({type(exc).__name__}: {reason}); falling back to eager")
+    for m in compiled:
+        m._compiled_call_impl = None
+    torch._dynamo.reset()
+
+
+def compile_stats() -> dict:
+    """Graph breaks and recompiles seen so far (dynamo's counters), for the summary."""
+    from torch._dynamo.utils import counters
+
+    breaks = sum(counters["graph_break"].values())
+    return {
+        "graph_breaks": int(breaks),
+        "graph_break_reasons": sorted(counters["graph_break"])[:5],
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0,
+    }

@@ -1,0 +1,65 @@
+"""Optimizers (fused/foreach kernels) and the LR schedule (linear warmup, then cosine or constant)."""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from turbotrain.monitor.log import say
+
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: biases and norm gains (1-D) are not decayed (GPT-2/nanoGPT practice)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(
+    model: nn.Module, name: str, lr: float, weight_decay: float, device: torch.device, impl: str = "auto"
+) -> torch.optim.Optimizer:
+    """`build_optimizer(model, "adamw", 3e-4, 0.1, device)`. impl "auto" takes the fused kernel where the
+    optimizer and device support it (one launch for all parameters), else foreach; says which."""
+    cls = OPTIMIZERS[name]
+    kwargs: dict = {"lr": lr}
+    if name == "sgd":
+        kwargs["momentum"] = 0.9
+    elif name in ("adam", "adamw"):
+        kwargs["betas"] = (0.9, 0.95)
+    fused_ok = "fused" in inspect.signature(cls).parameters and device.type in ("cuda", "cpu")
+    if impl == "auto":
+        impl = "fused" if fused_ok and device.type == "cuda" else "foreach"
+    if impl == "fused" and not fused_ok:
+        say(f"optimizer: fused {name} is not available here; using foreach")
+        impl = "foreach"
+    if impl == "fused":
+        kwargs["fused"] = True
+    elif impl == "foreach":
+        kwargs["foreach"] = True
+    else:
+        kwargs["foreach"] = False
+    opt = cls(_param_groups(model, weight_decay), **kwargs)
+    say(f"optimizer: {name} ({impl}), lr {lr:g}, weight decay {weight_decay:g}")
+    return opt
+
+
+def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float = 0.1) -> float:
+    """Multiplier of the base LR at `step`: linear warmup, then cosine decay to `min_ratio` or constant."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(opt: torch.optim.Optimizer, warmup_steps: int, total_steps: int, schedule: str):
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_lambda(s, warmup_steps, total_steps, schedule)
+    )

@@ -1,0 +1,58 @@
+"""Mixed precision: autocast dtype, TF32 switch and the fp16 GradScaler.
+
+Master weights stay fp32: autocast casts per op, so parameters and optimizer state never leave fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from turbotrain.monitor.log import say
+
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "auto"]
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: Dtype = "auto"
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """Turn "auto" into a concrete choice: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU
+    (CPU autocast to bf16 is slower than fp32 on most CPUs)."""
+    if name != "auto":
+        if device.type == "cuda" and name == "bf16" and not torch.cuda.is_bf16_supported():
+            say("precision: bf16 is not supported on this GPU; using fp16 with loss scaling instead")
+            return "fp16"
+        return name
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def autocast_dtype(name: str) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+
+
+def apply_tf32(name: str) -> None:
+    """TF32 matmuls for everything but strict fp32: under bf16/fp16 autocast the few fp32 matmuls left
+    (e.g. ops autocast keeps in fp32) gain from it too."""
+    on = name != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward-pass context: `with autocast("bf16", device): loss = model(x)`."""
+    dtype = autocast_dtype(name)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def build_scaler(name: str, device: torch.device) -> torch.amp.GradScaler:
+    """Loss scaling only for fp16 (bf16 has fp32's range); disabled scalers are no-ops in the step."""
+    return torch.amp.GradScaler(device.type, enabled=(name == "fp16"))

@@ -1,0 +1,89 @@
+"""Command line: `turbotrain train|env|data ...`. User errors end with one `error:` line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from turbotrain.errors import UserError
+
+EXAMPLES = """examples:
+  turbotrain train                                   # default preset gpt-shakespeare
+  turbotrain train gpt2-124m precision.dtype=bf16 compile.enabled=true
+  turbotrain train my.toml train.steps=30 data.batch_size=8
+  torchrun --nproc_per_node=2 -m turbotrain train gpt2-124m
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="turbotrain", description="PyTorch training acceleration, measured honestly.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    t = sub.add_parser("train", help="train a preset or a .toml config")
+    t.add_argument("config", nargs="?", default=None, help="preset name or .toml path (default: gpt-shakespeare)")
+    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.steps=30")
+    e = sub.add_parser("env", help="device, versions, peak FLOP/s and recommended settings")
+    e.add_argument("--json", action="store_true")
+    d = sub.add_parser("data", help="list or fetch datasets")
+    dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    dsub.add_parser("list", help="datasets and whether they are cached")
+    f = dsub.add_parser("fetch", help="fetch and prepare a dataset into the cache")
+    f.add_argument("name")
+    sub.add_parser("presets", help="list the built-in presets")
+    return p
+
+
+def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """`turbotrain train train.steps=3` — an override in the config slot means "default preset"."""
+    if config is not None and "=" in config:
+        return None, [config, *overrides]
+    return config, overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        from turbotrain.config import load_config
+        from turbotrain.trainer import train
+
+        config, overrides = _split_config(args.config, args.overrides)
+        train(load_config(config, overrides))
+    elif args.command == "env":
+        from turbotrain.env import describe_env, format_env
+
+        info = describe_env()
+        print(json.dumps(info, indent=2) if args.json else format_env(info))
+    elif args.command == "data":
+        from turbotrain.data.fetch import fetch, list_datasets
+
+        if args.data_command == "list":
+            for row in list_datasets():
+                print(f"{row['name']:<14} {'cached' if row['cached'] else 'not fetched':<12} {row['source']:<36} {row['about']}")
+        else:
+            print(fetch(args.name))
+    elif args.command == "presets":
+        from turbotrain.config import list_presets
+
+        print("\n".join(list_presets()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # CUDA out of memory is the user's to fix: say how
+        import torch
+
+        if isinstance(e, torch.OutOfMemoryError):
+            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0
+            print(f"error: out of memory (peak {peak:.1f} GiB allocated); lower data.batch_size and raise "
+                  f"train.grad_accum, set memory.activation_checkpointing=\"full\", or precision.dtype=bf16",
+                  file=sys.stderr)
+            return 2
+        raise

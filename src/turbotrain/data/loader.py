@@ -1,0 +1,190 @@
+"""Feeding the device: a step-indexed sampler, the DataLoader settings, device-resident data and an
+asynchronous host→device prefetch. Data-wait time (host blocked waiting for a batch) is measured here.
+
+Sampling is by global step, not by epoch position: step k consumes samples perm[k·G : (k+1)·G] of its
+epoch's permutation (G = micro-batch × grad_accum × world size), dealt to micro-steps and ranks. So the
+samples of step k are the same whatever the world size or micro-batch split, and resuming at step k
+needs nothing but k.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal
+
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from turbotrain.data.datasets import BUILTIN, TensorDataset
+from turbotrain.errors import UserError
+from turbotrain.plugins import call_factory, is_import_spec, load_object
+
+Auto = Literal["auto"]
+
+
+@dataclass
+class DataConfig:
+    name: str = "shakespeare"
+    batch_size: int = 16  # per device, per micro-step
+    num_workers: int | Auto = "auto"
+    pin_memory: bool | Auto = "auto"
+    prefetch_factor: int | Auto = "auto"
+    persistent_workers: bool | Auto = "auto"
+    device_resident: bool | Auto = "auto"
+    eval_batches: int = 20
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in BUILTIN and not is_import_spec(self.name):
+            raise UserError(f"data.name = {self.name!r}: expected one of {', '.join(BUILTIN)} or 'pkg.module:factory'")
+        if self.batch_size < 1:
+            raise UserError(f"data.batch_size = {self.batch_size}: must be >= 1")
+        if self.num_workers != "auto" and self.num_workers < 0:
+            raise UserError(f"data.num_workers = {self.num_workers}: must be >= 0 or \"auto\"")
+        if self.prefetch_factor != "auto" and self.prefetch_factor < 1:
+            raise UserError(f"data.prefetch_factor = {self.prefetch_factor}: must be >= 1 or \"auto\"")
+        if self.eval_batches < 0:
+            raise UserError(f"data.eval_batches = {self.eval_batches}: must be >= 0")
+
+
+def build_dataset(cfg: DataConfig, split: str) -> Dataset:
+    """`build_dataset(cfg, "train")` through the built-in or user factory `build(split, **args)`."""
+    factory = load_object(cfg.name, "data.name") if is_import_spec(cfg.name) else BUILTIN[cfg.name]
+    ds = call_factory(factory, "data.args", split, **cfg.args)
+    if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+        raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__}, not a map-style Dataset")
+    return ds
+
+
+class StepSampler:
+    """Yields this rank's micro-batches (lists of indices) for steps start, start+1, ... forever."""
+
+    def __init__(self, n: int, micro: int, accum: int, rank: int = 0, world: int = 1, seed: int = 0,
+                 start_step: int = 0, shuffle: bool = True):
+        self.n, self.micro, self.accum, self.rank, self.world = n, micro, accum, rank, world
+        self.seed, self.start_step, self.shuffle = seed, start_step, shuffle
+        self.global_batch = micro * accum * world
+        if n < self.global_batch:
+            raise UserError(
+                f"data: the dataset has {n} samples, fewer than one global batch of {self.global_batch} "
+                f"(batch_size {micro} x grad_accum {accum} x world {world}); lower data.batch_size"
+            )
+        self.steps_per_epoch = n // self.global_batch
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        if self._perm is None or self._perm[0] != epoch:
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._perm = (epoch, torch.randperm(self.n, generator=g))
+            else:
+                self._perm = (epoch, torch.arange(self.n))
+        return self._perm[1]
+
+    def step_indices(self, step: int) -> list[torch.Tensor]:
+        """Micro-batches of this rank at `step`: micro-step m of rank r takes slot m·world + r."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        g = self.permutation(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
+        return [g[(m * self.world + self.rank) * self.micro:][: self.micro] for m in range(self.accum)]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            for idx in self.step_indices(step):
+                yield idx.tolist()
+            step += 1
+
+
+def resolve_loader_settings(cfg: DataConfig, device: torch.device, local_world: int = 1) -> dict:
+    workers = cfg.num_workers
+    if workers == "auto":  # leave a core to the training process; cap: past ~8 the IPC costs more
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = max(0, min(8, cpus // max(1, local_world) - 1))
+    pin = (device.type == "cuda") if cfg.pin_memory == "auto" else cfg.pin_memory
+    prefetch = (4 if workers else None) if cfg.prefetch_factor == "auto" else cfg.prefetch_factor
+    persistent = (workers > 0) if cfg.persistent_workers == "auto" else cfg.persistent_workers
+    return dict(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch if workers else None,
+                persistent_workers=bool(persistent and workers))
+
+
+def use_device_resident(cfg: DataConfig, ds: Dataset, limit_bytes: int = 4 << 30) -> bool:
+    if cfg.device_resident == "auto":
+        return isinstance(ds, TensorDataset) and ds.nbytes <= limit_bytes
+    if cfg.device_resident and not isinstance(ds, TensorDataset):
+        raise UserError("data.device_resident = true needs a built-in in-memory dataset; set it to \"auto\"")
+    return bool(cfg.device_resident)
+
+
+def _batch_collate(batch):  # TensorDataset.__getitems__ already returns a collated batch
+    return batch
+
+
+class Batches:
+    """Iterator of (inputs, targets) on the device. `wait_s` accumulates the host time spent waiting.
+
+    Two paths: device-resident (the dataset lives on the device; a micro-batch is one gather launched
+    from an index tensor, no copy) or a DataLoader whose pinned batches are copied with non_blocking on a
+    side stream one batch ahead, so the copy overlaps the current step's compute.
+    """
+
+    def __init__(self, ds: Dataset, sampler: StepSampler, device: torch.device, resident: bool,
+                 settings: dict | None = None, channels_last: bool = False):
+        self.device, self.channels_last, self.wait_s = device, channels_last, 0.0
+        self.resident = resident
+        if resident:
+            self.ds = ds.to(device)
+            self._it = iter(sampler)
+        else:
+            collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
+            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, **(settings or {}))
+            self._it = iter(self.loader)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not resident else None
+        self._next = None
+
+    def _fetch(self):
+        t0 = time.perf_counter()
+        batch = next(self._it)
+        if self.resident:
+            # host→device sync point avoided: the index list becomes a device tensor via a tiny async copy
+            idx = torch.as_tensor(batch).to(self.device, non_blocking=True)
+            batch = self.ds.gather(idx)
+        self.wait_s += time.perf_counter() - t0
+        if self.resident or self.stream is None:
+            return self._move(batch)
+        with torch.cuda.stream(self.stream):  # async copy of pinned memory on the side stream
+            return self._move(batch)
+
+    def _move(self, batch):
+        def mv(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            t = t.to(self.device, non_blocking=True)
+            return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
+        return tuple(mv(t) for t in batch) if isinstance(batch, (tuple, list)) else mv(batch)
+
+    def __next__(self):
+        if self._next is None:
+            self._next = self._fetch()
+        batch = self._next
+        if self.stream is not None:  # the compute stream waits for the copy; tensors stay alive for it
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_stream(self.stream)
+            for t in batch:
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(cur)
+        self._next = self._fetch()  # start the following batch while this one computes
+        return batch
+
+    def __iter__(self):
+        return self
+
+    def close(self) -> None:
+        self._it = None
+        self.loader = None
+
+
+def eval_batches(ds: Dataset, micro: int, n_batches: int, rank: int, world: int) -> list[torch.Tensor]:
+    """Fixed validation micro-batches (the first n_batches·micro samples), dealt across ranks."""
+    n = min(n_batches, len(ds) // micro)
+    return [torch.arange(b * micro, (b + 1) * micro) for b in range(rank, n, world)]

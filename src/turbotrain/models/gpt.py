@@ -1,0 +1,80 @@
+"""A GPT decoder (GPT-2 shapes): pre-LN blocks, fused QKV, SDPA (flash) attention, tied head."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.ln1 = nn.LayerNorm(n_embd, bias=bias)
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.ln2 = nn.LayerNorm(n_embd, bias=bias)
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.out = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+
+
+class GPT(nn.Module):
+    """Maps token ids (B, T) to logits (B, T, vocab)."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+                 dropout: float = 0.0, bias: bool = True, tie_weights: bool = True):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.block_size, self.n_layer, self.n_embd = block_size, n_layer, n_embd
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.lnf = nn.LayerNorm(n_embd, bias=bias)
+        self.head = nn.Linear(n_embd, vocab_size, bias=False)
+        if tie_weights:
+            self.head.weight = self.wte.weight
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("proj.weight", "out.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.lnf(x))
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, the PaLM/nanoGPT formula: 6·N (N without position embeddings)
+        for the matmuls forward+backward, plus 12·L·D·T for attention scores and values."""
+        n = sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+        return 6 * n + 12 * self.n_layer * self.n_embd * seq_len
+
+
+def build(vocab_size: int = 50304, block_size: int = 1024, n_layer: int = 12, n_head: int = 12,
+          n_embd: int = 768, dropout: float = 0.0, bias: bool = True, tie_weights: bool = True) -> GPT:
+    return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, tie_weights)

@@ -1,0 +1,1 @@
+"""Monitoring: console/JSONL/TensorBoard logging, FLOPs and MFU, throughput, memory, NVML."""

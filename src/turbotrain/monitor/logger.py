@@ -1,0 +1,83 @@
+"""Where metrics go: metrics.jsonl (one object per logged step), TensorBoard, and the console
+(a rich progress bar on a terminal, plain lines otherwise). Rank 0 only."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from turbotrain.monitor.log import say
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.1f}"
+
+
+def console_line(row: dict, total: int) -> str:
+    parts = [f"step {row['step']}/{total}"]
+    if "loss" in row:
+        parts.append(f"loss {row['loss']:.4f}")
+    if "val_loss" in row:
+        parts.append(f"val_loss {row['val_loss']:.4f}")
+    if row.get("val_acc") is not None:
+        parts.append(f"val_acc {row['val_acc']:.2%}")
+    if row.get("tokens_per_s"):
+        parts.append(f"{_fmt_rate(row['tokens_per_s'])} tok/s")
+    elif row.get("samples_per_s"):
+        parts.append(f"{_fmt_rate(row['samples_per_s'])} samples/s")
+    if row.get("mfu") is not None:
+        parts.append(f"mfu {row['mfu']:.1%}")
+    if "data_wait_pct" in row:
+        parts.append(f"data wait {row['data_wait_pct']:.1f}%")
+    if row.get("peak_mem_gib"):
+        parts.append(f"mem {row['peak_mem_gib']:.2f} GiB")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True, tensorboard: bool = True):
+        self.enabled, self.total = enabled, total_steps
+        self.jsonl = open(run_dir / "metrics.jsonl", "a") if enabled else None
+        self.tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:
+                say("monitor: tensorboard is not installed; no TensorBoard events")
+        self.progress = None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                     TextColumn("{task.fields[info]}"))
+            self.task = self.progress.add_task("train", total=total_steps, info="")
+            self.progress.start()
+
+    def log(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
+                    self.tb.add_scalar(k, v, row["step"])
+        line = console_line(row, self.total)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=row["step"], info=line.split(" | ", 1)[-1])
+            if "val_loss" in row:
+                self.progress.console.print(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
