@@ -204,9 +204,9 @@ def _first_batch(ds: Dataset, micro: int, device: torch.device):
 
 # ---------------------------------------------------------------- the loop
 
-def train_step(s: Setup, micro_batches: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+def train_step(s: Setup, micro_batches: list, want_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over `grad_accum` micro-batches. Returns (mean loss, grad norm) as device
-    tensors: nothing here waits for the GPU."""
+    tensors: nothing here waits for the GPU. The norm is computed when clipping or when asked (log steps)."""
     accum, clip = len(micro_batches), s.cfg.train.grad_clip
     loss_sum = torch.zeros((), device=s.device)
     for x, y in micro_batches:
@@ -215,8 +215,10 @@ def train_step(s: Setup, micro_batches: list) -> tuple[torch.Tensor, torch.Tenso
         s.scaler.scale(loss).backward()
         loss_sum += loss.detach()
     s.scaler.unscale_(s.opt)  # no-op unless fp16: grads back to true scale before clipping
-    params = [p for p in s.model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf, foreach=True)
+    grad_norm = None
+    if clip > 0 or want_norm:
+        params = [p for p in s.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf, foreach=True)
     s.scaler.step(s.opt)  # fp16: skipped when grads hold inf/NaN
     s.scaler.update()
     s.opt.zero_grad(set_to_none=True)
@@ -261,49 +263,56 @@ def train(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     logger = MetricsLogger(s.run_dir, t.steps)
     gpu = GpuStats(s.device)
     n_warm = min(3, max(1, t.steps // 10))  # first steps hold compile / CUDA-graph capture / allocator warm-up
-    window_t0, window_wait0, window_start = None, 0.0, 0
-    rates, compile_s, bad_streak, last = [], 0.0, 0, {}
     if s.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(s.device)
     s.model.train()
+    t_loop = window_t0 = time.perf_counter()
+    window_wait0, window_start = 0.0, 0
+    timed_t0, excluded_s, windows, bad_streak, last = None, 0.0, [], 0, {}
     try:
         for step in range(t.steps):
+            done = step + 1
+            is_log = done % t.log_every == 0 or done == t.steps
+            is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
             micro = [next(s.batches) for _ in range(t.grad_accum)]
             if step == 0 and s.compiled:
                 loss, grad_norm = _first_step_with_fallback(s, micro)
             else:
-                loss, grad_norm = train_step(s, micro)
-            done = step + 1
-            if done == n_warm:  # end of warm-up: start the clock on a drained device
+                loss, grad_norm = train_step(s, micro, want_norm=is_log)
+            if done == n_warm:  # end of warm-up: the timed region starts on a drained device
                 sync(s.device)
-                window_t0, window_wait0, window_start = time.perf_counter(), s.batches.wait_s, done
-                compile_s = window_t0 - t_start
-            is_log = done % t.log_every == 0 or done == t.steps
-            is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
+                timed_t0 = time.perf_counter()
             if not (is_log or is_eval):
                 continue
             sync(s.device)  # sync point: reading the clock and the loss
-            row = {"step": done, "loss": loss.item(), "lr": s.sched.get_last_lr()[0], "grad_norm": grad_norm.item()}
-            bad_streak = 0 if math.isfinite(row["loss"]) else bad_streak + t.log_every
+            t_log = time.perf_counter()
+            dt, n = t_log - window_t0, done - window_start
+            rate = n * s.info["global_batch"] / dt
+            if window_start >= n_warm:
+                windows.append(rate)
+            row = {"step": done, "loss": loss.item(), "lr": s.sched.get_last_lr()[0], "grad_norm": grad_norm.item() if grad_norm is not None else None,
+                   **_throughput(s, rate, dt / n, (s.batches.wait_s - window_wait0) / dt)}
+            bad_streak = 0 if math.isfinite(row["loss"]) else bad_streak + min(n, t.log_every)
             if bad_streak >= t.max_bad_steps or (not math.isfinite(row["loss"]) and done == t.steps):
                 raise NonFiniteLoss(f"loss is {row['loss']} at step {done} (non-finite for {bad_streak} steps); "
                                     f"lower train.lr, set train.grad_clip, or use precision.dtype=bf16")
-            if window_t0 is not None and done > window_start:
-                dt, n = time.perf_counter() - window_t0, done - window_start
-                rate = n * s.info["global_batch"] / dt
-                rates.append((rate, n))
-                row.update(_throughput(s, rate, dt / n, (s.batches.wait_s - window_wait0) / dt))
             row["peak_mem_gib"] = round(peak_mem_gib(s.device), 4)
             row.update(gpu.read())
             if is_eval:
                 row.update(evaluate(s))
             logger.log(row)
             last = row
-            if window_t0 is not None:  # restart the clock after logging/eval so they stay out of throughput
-                window_t0, window_wait0, window_start = time.perf_counter(), s.batches.wait_s, done
+            # restart the window after logging/eval, and keep their time out of the summary's throughput
+            window_t0, window_wait0, window_start = time.perf_counter(), s.batches.wait_s, done
+            if timed_t0 is not None:
+                excluded_s += window_t0 - t_log
     finally:
         logger.close()
-    summary = _summary(s, last, rates, compile_s, n_warm, time.perf_counter() - t_start)
+    timed = None
+    if timed_t0 is not None and t.steps > n_warm:
+        timed = (t.steps - n_warm) * s.info["global_batch"] / (window_t0 - timed_t0 - excluded_s)
+    warm_s = (timed_t0 or window_t0) - t_loop
+    summary = _summary(s, last, timed, windows, warm_s, n_warm, time.perf_counter() - t_start)
     (s.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     say(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, loss {summary['final_loss']:.4f}"
         + (f", val_loss {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else "")
@@ -332,22 +341,20 @@ def _throughput(s: Setup, samples_per_s: float, step_s: float, wait_frac: float)
     return row
 
 
-def _summary(s: Setup, last: dict, rates: list, compile_s: float, n_warm: int, wall_s: float) -> dict:
-    # throughput over the timed region (after warm-up): steps-weighted mean of the windows
-    total_n = sum(n for _, n in rates)
-    samples_per_s = (total_n / sum(n / r for r, n in rates)) if rates else None
-    median = statistics.median(r for r, _ in rates) if rates else None
+def _summary(s: Setup, last: dict, samples_per_s: float | None, windows: list, warm_s: float, n_warm: int,
+             wall_s: float) -> dict:
     timed = _throughput(s, samples_per_s, s.info["global_batch"] / samples_per_s, 0.0) if samples_per_s else {}
     steady_step_s = s.info["global_batch"] / samples_per_s if samples_per_s else 0.0
     out = {
         "steps": last.get("step"), "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
         "val_acc": last.get("val_acc"),
-        "samples_per_s": samples_per_s, "samples_per_s_median_window": median,
+        "samples_per_s": samples_per_s,
+        "samples_per_s_median_window": statistics.median(windows) if windows else None,
         "tokens_per_s": timed.get("tokens_per_s"), "step_ms": timed.get("step_ms"), "mfu": timed.get("mfu"),
         "peak_mem_gib": last.get("peak_mem_gib"), "data_wait_pct": last.get("data_wait_pct"),
         # warm-up steps' time beyond what they would take at steady speed (≈ compile + first-call costs)
-        "compile_s": max(0.0, compile_s - n_warm * steady_step_s) if s.cfg.compile.enabled else 0.0,
-        "warmup_s": compile_s, "warmup_steps_excluded": n_warm, "wall_s": wall_s,
+        "compile_s": max(0.0, warm_s - n_warm * steady_step_s) if s.cfg.compile.enabled else 0.0,
+        "warmup_s": warm_s, "warmup_steps_excluded": n_warm, "wall_s": wall_s,
         "flops_per_sample": s.flops_per_sample, "flops_source": s.flops_source, "peak_flops": s.peak_flops,
         **s.info,
     }

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from turbotrain.data.fetch import fetch
+from turbotrain.data.fetch import fetch, read_idx
 from turbotrain.errors import UserError
 
 
@@ -127,9 +127,9 @@ FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 def fashion_mnist(split: str) -> Pairs:
     """Fashion-MNIST, normalized float images (N, 1, 28, 28) and int64 labels; split "val" is the test set."""
     root = fetch("fashion_mnist")
-    name = "train" if split == "train" else "test"
-    images = torch.from_numpy(np.load(root / f"{name}_images.npy"))
-    labels = torch.from_numpy(np.load(root / f"{name}_labels.npy").astype(np.int64))
+    prefix = "train" if split == "train" else "t10k"
+    images = torch.from_numpy(read_idx(root / f"{prefix}-images-idx3-ubyte.gz").copy())
+    labels = torch.from_numpy(read_idx(root / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
     x = (images.float().div_(255).sub_(FASHION_MEAN).div_(FASHION_STD)).unsqueeze(1)
     return Pairs(x, labels, num_classes=10, in_channels=1)
 
