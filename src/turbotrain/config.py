@@ -208,9 +208,17 @@ def _read_toml(source: str) -> tuple[dict, str]:
 
 
 def _merge(base: dict, top: dict) -> dict:
+    """Deep merge; a section that names another model/dataset starts its `args` afresh (the preset's
+    args belong to the preset's factory)."""
     out = dict(base)
     for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args" else v
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            parent = out[k]
+            if "name" in v and v["name"] != parent.get("name"):
+                parent = {key: val for key, val in parent.items() if key != "args"}
+            out[k] = _merge(parent, v)
+        else:
+            out[k] = v
     return out
 
 

@@ -23,6 +23,7 @@ class CompileConfig:
     mode: Mode = "default"
     scope: Literal["model", "blocks"] = "model"
     fullgraph: bool = False
+    backend: str = "inductor"  # any torch.compile backend ("aot_eager" to debug a compile problem)
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
@@ -43,7 +44,9 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     """
     if not cfg.enabled:
         return []
-    kwargs = dict(mode=cfg.mode, fullgraph=cfg.fullgraph)
+    kwargs: dict = dict(fullgraph=cfg.fullgraph, backend=cfg.backend)
+    if cfg.backend == "inductor":  # modes are inductor's options
+        kwargs["mode"] = cfg.mode
     if cfg.scope == "model":
         targets = [module]
     else:
@@ -68,8 +71,12 @@ def is_compile_error(exc: BaseException) -> bool:
 
 def disable_compile(compiled: list[nn.Module], exc: BaseException) -> None:
     """Fall back to eager for every compiled module, saying why once."""
-    reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    say(f"compile: failed ({type(exc).__name__}: {reason}); falling back to eager")
+    root = exc
+    while getattr(root, "inner_exception", None) or root.__cause__:  # the compiler's own error, not dynamo's wrapper
+        root = getattr(root, "inner_exception", None) or root.__cause__
+    text = str(root).strip()
+    reason = f"{type(root).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    say(f"compile: failed ({reason}); falling back to eager")
     for m in compiled:
         m._compiled_call_impl = None
     torch._dynamo.reset()

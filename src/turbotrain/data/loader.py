@@ -82,11 +82,17 @@ class StepSampler:
                 self._perm = (epoch, torch.arange(self.n))
         return self._perm[1]
 
-    def step_indices(self, step: int) -> list[torch.Tensor]:
-        """Micro-batches of this rank at `step`: micro-step m of rank r takes slot m·world + r."""
+    def step_slots(self, step: int) -> tuple[int, list[int]]:
+        """(epoch, start offsets into that epoch's permutation) of this rank's micro-batches at `step`:
+        micro-step m of rank r takes slot m·world + r of the step's global batch."""
         epoch, k = divmod(step, self.steps_per_epoch)
-        g = self.permutation(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
-        return [g[(m * self.world + self.rank) * self.micro:][: self.micro] for m in range(self.accum)]
+        base = k * self.global_batch
+        return epoch, [base + (m * self.world + self.rank) * self.micro for m in range(self.accum)]
+
+    def step_indices(self, step: int) -> list[torch.Tensor]:
+        epoch, starts = self.step_slots(step)
+        perm = self.permutation(epoch)
+        return [perm[s:s + self.micro] for s in starts]
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
@@ -133,8 +139,8 @@ class Batches:
         self.device, self.channels_last, self.wait_s = device, channels_last, 0.0
         self.resident = resident
         if resident:
-            self.ds = ds.to(device)
-            self._it = iter(sampler)
+            self.ds, self.sampler = ds.to(device), sampler
+            self._it = self._resident_indices()
         else:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
             self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, **(settings or {}))
@@ -146,14 +152,25 @@ class Batches:
         t0 = time.perf_counter()
         batch = next(self._it)
         if self.resident:
-            # host→device sync point avoided: the index list becomes a device tensor via a tiny async copy
-            idx = torch.as_tensor(batch).to(self.device, non_blocking=True)
-            batch = self.ds.gather(idx)
+            batch = self.ds.gather(batch)
         self.wait_s += time.perf_counter() - t0
         if self.resident or self.stream is None:
             return self._move(batch)
         with torch.cuda.stream(self.stream):  # async copy of pinned memory on the side stream
             return self._move(batch)
+
+    def _resident_indices(self) -> Iterator[torch.Tensor]:
+        """Index tensors already on the device: the epoch's permutation is uploaded once per epoch and
+        sliced per micro-batch, so no step copies from pageable host memory (such a copy would block
+        the host until the GPU drains)."""
+        step, epoch, perm = self.sampler.start_step, None, None
+        while True:
+            e, starts = self.sampler.step_slots(step)
+            if e != epoch:
+                epoch, perm = e, self.sampler.permutation(e).to(self.device)
+            for s in starts:
+                yield perm[s:s + self.sampler.micro]
+            step += 1
 
     def _move(self, batch):
         def mv(t):

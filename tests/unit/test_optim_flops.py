@@ -1,0 +1,50 @@
+import math
+
+import pytest
+import torch
+
+from turbotrain.accel.optim import build_optimizer, lr_lambda
+from turbotrain.models.gpt import build as build_gpt
+from turbotrain.monitor.flops import PEAK_FLOPS, count_train_flops, flops_per_sample, peak_flops
+from turbotrain.trainer import cross_entropy
+
+
+def test_warmup_then_cosine():
+    assert lr_lambda(0, 10, 100, "cosine") == pytest.approx(0.1)
+    assert lr_lambda(9, 10, 100, "cosine") == pytest.approx(1.0)
+    assert lr_lambda(10, 10, 100, "cosine") == pytest.approx(1.0)
+    assert lr_lambda(55, 10, 100, "cosine") == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_lambda(100, 10, 100, "cosine") == pytest.approx(0.1)
+    assert lr_lambda(80, 10, 100, "constant") == 1.0
+
+
+def test_optimizer_impl_and_decay_groups():
+    model = build_gpt(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    opt = build_optimizer(model, "adamw", 1e-3, 0.1, torch.device("cpu"))
+    assert opt.defaults["foreach"] is True
+    decay, no_decay = opt.param_groups
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0
+    fused = build_optimizer(model, "adamw", 1e-3, 0.1, torch.device("cpu"), impl="fused")
+    assert fused.defaults["fused"] is True
+
+
+def test_counted_flops_of_a_linear_layer():
+    lin = torch.nn.Linear(64, 32, bias=False)
+    x = torch.randn(8, 64, requires_grad=True)
+    # forward 2·B·in·out; backward twice that (grad of input and of weight)
+    assert count_train_flops(lambda: lin(x).sum()) == 6 * 8 * 64 * 32
+
+
+def test_gpt_formula_matches_the_count_for_the_matmuls():
+    model = build_gpt(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False)
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    formula, how = flops_per_sample(model, (x, y), lambda a, b: cross_entropy(model(a), b))
+    assert how.startswith("formula")
+    counted = count_train_flops(lambda: cross_entropy(model(x), y)) / 2
+    assert formula == pytest.approx(counted, rel=0.25)  # the formula ignores embeddings' lookups
+
+
+def test_peak_table():
+    assert peak_flops(torch.device("cpu"), "bf16") is None
+    assert PEAK_FLOPS["H100"]["bf16"] > PEAK_FLOPS["H100"]["tf32"] > PEAK_FLOPS["H100"]["fp32"]
