@@ -37,7 +37,9 @@ cnn)
   tt tt_cnn_fashion cnn-fashion
   grep -E '^step (250|500|750|1000)/' "$OUT/tt_cnn_fashion.log" ;;
 extra)
-  tt tt_bf16_maxautotune gpt2-124m precision.dtype=bf16 compile.mode=max-autotune-no-cudagraphs
-  tt tt_bf16_compile_blocks gpt2-124m precision.dtype=bf16 compile.scope=blocks ;;
+  tt tt_bf16_compile_noclip_cdt gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.coordinate_descent_tuning=true
+  tt tt_bf16_compile_noclip_ro gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=reduce-overhead
+  tt tt_bf16_compile_noclip_blocks gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.scope=blocks
+  tt tt_bf16_compile_noclip_maxat gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=max-autotune-no-cudagraphs ;;
 esac; done
 echo "== results"; cat "$OUT/results.jsonl" 2>/dev/null; cat "$OUT/anchors.jsonl" 2>/dev/null

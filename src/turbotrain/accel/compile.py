@@ -24,6 +24,7 @@ class CompileConfig:
     scope: Literal["model", "blocks"] = "model"
     fullgraph: bool = False
     backend: str = "inductor"  # any torch.compile backend ("aot_eager" to debug a compile problem)
+    coordinate_descent_tuning: bool = False  # inductor tunes pointwise/reduction launch configs (slower compile)
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
@@ -47,6 +48,10 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     kwargs: dict = dict(fullgraph=cfg.fullgraph, backend=cfg.backend)
     if cfg.backend == "inductor":  # modes are inductor's options
         kwargs["mode"] = cfg.mode
+        if cfg.coordinate_descent_tuning:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.coordinate_descent_tuning = True
     if cfg.scope == "model":
         targets = [module]
     else:
