@@ -26,8 +26,11 @@ PY
 
 for part in $parts; do case $part in
 anchors)
-  (cd .anchors && python3 anchor_gpt.py fp32 bf16 bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile) 2>&1 \
+  (cd .anchors && python3 anchor_gpt.py ${ANCHORS:-fp32 bf16 bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile}) 2>&1 \
     | grep '^{' | tee -a "$OUT/anchors.jsonl" ;;
+gpt-compile)
+  tt tt_bf16_compile gpt2-124m precision.dtype=bf16
+  tt tt_bf16_compile_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 ;;
 gpt)
   tt tt_fp32_eager gpt2-124m precision.dtype=fp32 compile.enabled=false train.steps=30
   tt tt_bf16_eager gpt2-124m precision.dtype=bf16 compile.enabled=false
