@@ -18,7 +18,9 @@ from typing import Any, Literal
 from turbotrain.accel.activation_ckpt import ActCkpt
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.precision import PrecisionConfig
+from turbotrain.checkpoint import CheckpointConfig
 from turbotrain.data.loader import DataConfig
+from turbotrain.distributed.env import ParallelConfig
 from turbotrain.errors import UserError
 from turbotrain.models import ModelConfig
 
@@ -86,6 +88,8 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 # ---------------------------------------------------------------- parsing and validation

@@ -1,4 +1,4 @@
-"""The spine: build (data → model → techniques → optimizer), then the train loop.
+"""The spine: build (data → model → techniques → parallelism → optimizer), then the train loop.
 
 Usage (Python API, same as the CLI):
     from turbotrain import load_config, train
@@ -11,7 +11,7 @@ import json
 import math
 import random
 import resource
-import statistics
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,23 +29,26 @@ from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.compile import apply_compile, compile_stats, disable_compile, is_compile_error
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
-from turbotrain.config import Config, TrainConfig, to_toml
+from turbotrain.checkpoint import Checkpointer, param_shapes
+from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import (Batches, StepSampler, build_dataset, eval_batches,
                                     resolve_loader_settings, use_device_resident)
+from turbotrain.distributed.ddp import apply_ddp, grad_sync
+from turbotrain.distributed.env import DistEnv, all_mean, init_distributed, resolve_strategy, shutdown
+from turbotrain.distributed.fsdp import apply_fsdp
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
+from turbotrain.monitor.alerts import Alerts
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.log import say
 from turbotrain.monitor.logger import MetricsLogger
 from turbotrain.monitor.nvml import GpuStats
+from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
+from turbotrain.monitor.throughput import Meter
 from turbotrain.plugins import load_object
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class NonFiniteLoss(UserError):
-    """The loss stayed NaN/inf for train.max_bad_steps steps in a row."""
 
 
 # ---------------------------------------------------------------- building blocks
@@ -122,10 +125,12 @@ def sync(device: torch.device) -> None:
 class Setup:
     """Everything the loop needs, built once."""
     cfg: Config
+    env: DistEnv
+    strategy: str
     device: torch.device
     dtype: str
     run_dir: Path
-    model: nn.Module
+    model: nn.Module  # as trained: wrapped by DDP / sharded by FSDP where asked
     step_module: WithLoss
     compiled: list[nn.Module]
     opt: torch.optim.Optimizer
@@ -133,86 +138,137 @@ class Setup:
     scaler: torch.amp.GradScaler
     batches: Batches
     val_ds: Dataset | None
+    ckpt: Checkpointer
+    start_step: int
     flops_per_sample: float
     flops_source: str
     peak_flops: float | None
     tokens_per_sample: int | None
     info: dict = field(default_factory=dict)
 
+    @property
+    def global_batch(self) -> int:
+        return self.info["global_batch"]
+
 
 def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
           val_data: Dataset | None = None, loss_fn: LossFn | None = None) -> Setup:
+    env = DistEnv.from_environ()
+    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
     device = resolve_device(cfg.run.device)
+    if strategy != "none":
+        device = init_distributed(env, device)
     dtype = precision.resolve_dtype(cfg.precision.dtype, device)
     precision.apply_tf32(dtype)
-    seed_all(cfg.run.seed)
+    seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(to_toml(cfg))
-        (run_dir / "metrics.jsonl").write_text("")
+        if env.is_main:
+            (run_dir / "config.toml").write_text(to_toml(cfg))
     except OSError as e:
         raise UserError(f"run.out_dir: cannot write {run_dir} ({e.strerror})") from None
 
     train_ds = train_data if train_data is not None else build_dataset(cfg.data, "train")
     val_ds = val_data if val_data is not None else (build_dataset(cfg.data, "val") if train_data is None else None)
-
-    # Build order: model on the CPU (seeded) → device → memory format → activation checkpointing →
-    # compile → optimizer. Checkpointing wraps block forwards before compile so compile traces the
-    # recompute regions; the optimizer comes last so it holds the final parameters.
     model = model if model is not None else build_model(cfg.model, **data_meta(train_ds))
     channels_last = resolve_channels_last(cfg.memory.channels_last, model, device)
     model = model.to(device)
     if channels_last:
         model = apply_channels_last(model)
-    step_module = WithLoss(model, loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss))
+    loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
 
-    micro, accum = cfg.data.batch_size, cfg.train.grad_accum
-    sampler = StepSampler(len(train_ds), micro, accum, seed=cfg.run.seed)
-    resident = use_device_resident(cfg.data, train_ds)
-    settings = None if resident else resolve_loader_settings(cfg.data, device)
-    batches = Batches(train_ds, sampler, device, resident, settings, channels_last)
-    sample = _first_batch(train_ds, micro, device)
+    micro, accum, world = cfg.data.batch_size, cfg.train.grad_accum, env.world_size
+    sample = _first_batch(train_ds, device)
     tokens = sample[0].shape[1] if sample[0].dim() == 2 and not sample[0].is_floating_point() else None
     with precision.autocast(dtype, device):  # counted before checkpointing: recompute is not model FLOPs
-        fps, source = flops_per_sample(model, sample, step_module)
+        fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
+    shapes = param_shapes(model)
 
+    # The techniques, in this order (torchtitan's): activation checkpointing wraps block forwards first,
+    # so compile traces the recompute regions; per-block compile comes before sharding/wrapping so each
+    # block is one graph with FSDP's hooks outside it; then DDP/FSDP; whole-model compile last, over the
+    # DDP-wrapped model (dynamo splits its graph at bucket boundaries so the all-reduce overlaps).
     n_ckpt = apply_activation_checkpointing(model, cfg.memory.activation_checkpointing)
-    compiled = apply_compile(step_module, cfg.compile, blocks_of=model)
+    compile_cfg = cfg.compile
+    if strategy == "fsdp" and compile_cfg.enabled and compile_cfg.scope == "model":
+        say("compile: FSDP2 compiles per block (scope=blocks); whole-model compile over FSDP hooks is slower")
+        compile_cfg = type(compile_cfg)(**{**compile_cfg.__dict__, "scope": "blocks"})
+    compiled = apply_compile(model, compile_cfg) if compile_cfg.scope == "blocks" else []
+    if strategy == "ddp":
+        model = apply_ddp(model, device, cfg.parallel)
+    elif strategy == "fsdp":
+        model = apply_fsdp(model, device, world, dtype, cfg.parallel)
+    step_module = WithLoss(model, loss_fn)
+    if compile_cfg.scope == "model":
+        compiled = apply_compile(step_module, compile_cfg)
+
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
     sched = build_scheduler(opt, t.warmup_steps, t.steps, t.schedule)
     scaler = precision.build_scaler(dtype, device)
 
-    n_params = sum(p.numel() for p in model.parameters())
+    ckpt = Checkpointer(cfg.checkpoint, run_dir, env.rank, world, sharded=strategy == "fsdp")
+    start_step, resumed = 0, ckpt.find_resume()
+    if resumed is not None:
+        start_step = ckpt.load(resumed, model, opt, sched, scaler, {"param_shapes": shapes, "global_batch": micro * accum * world})
+        say(f"resumed from step {start_step} ({resumed})")
+    if env.is_main:
+        _trim_metrics(run_dir / "metrics.jsonl", start_step)
+    if start_step >= t.steps:
+        raise UserError(f"the checkpoint is at step {start_step}, the run asks for train.steps={t.steps}: nothing to do; "
+                        f"raise train.steps or set checkpoint.resume=\"never\"")
+
+    sampler = StepSampler(len(train_ds), micro, accum, env.rank, world, cfg.run.seed, start_step)
+    resident = use_device_resident(cfg.data, train_ds)
+    settings = None if resident else resolve_loader_settings(cfg.data, device, env.local_world_size)
+    batches = Batches(train_ds, sampler, device, resident, settings, channels_last)
+
+    n_params = sum(p.numel() for p in model.parameters()) if strategy != "fsdp" else sum(map(math.prod, shapes.values()))
     info = dict(device=str(device), device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                dtype=dtype, params=n_params, global_batch=micro * accum, micro_batch=micro, grad_accum=accum,
-                world_size=1, channels_last=channels_last, activation_checkpointing=cfg.memory.activation_checkpointing,
-                checkpointed_blocks=n_ckpt, compile=cfg.compile.enabled and {"mode": cfg.compile.mode, "scope": cfg.compile.scope},
-                data_path="device-resident" if resident else f"DataLoader {settings}", torch=torch.__version__)
-    say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {dtype} | "
-        f"global batch {micro * accum} = micro {micro} x accum {accum} x world 1 | data: {info['data_path']}")
-    return Setup(cfg, device, dtype, run_dir, model, step_module, compiled, opt, sched, scaler, batches, val_ds,
-                 fps, source, peak_flops(device, dtype), tokens, info)
+                dtype=dtype, params=n_params, global_batch=micro * accum * world, micro_batch=micro, grad_accum=accum,
+                world_size=world, strategy=strategy, channels_last=channels_last,
+                activation_checkpointing=cfg.memory.activation_checkpointing, checkpointed_blocks=n_ckpt,
+                compile=compile_cfg.enabled and {"mode": compile_cfg.mode, "scope": compile_cfg.scope},
+                data_path="device-resident" if resident else f"DataLoader {settings}", torch=torch.__version__,
+                resumed_from=start_step)
+    say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {dtype} | parallel {strategy} | "
+        f"global batch {micro * accum * world} = micro {micro} x accum {accum} x world {world} | data: {info['data_path']}")
+    return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, opt, sched, scaler,
+                 batches, val_ds, ckpt, start_step, fps, source, peak_flops(device, dtype), tokens, info)
 
 
-def _first_batch(ds: Dataset, micro: int, device: torch.device):
+def _first_batch(ds: Dataset, device: torch.device):
     idx = list(range(min(2, len(ds))))
     batch = ds.__getitems__(idx) if isinstance(ds, TensorDataset) else default_collate([ds[i] for i in idx])
     return tuple(t.to(device) for t in batch)
 
 
+def _trim_metrics(path: Path, step: int) -> None:
+    """On resume keep the rows up to the checkpoint's step: the steps after it are redone."""
+    rows = path.read_text().splitlines() if path.exists() else []
+    kept = [r for r in rows if r.strip() and json.loads(r).get("step", 0) <= step] if step else []
+    path.write_text("".join(r + "\n" for r in kept))
+
+
 # ---------------------------------------------------------------- the loop
 
-def train_step(s: Setup, micro_batches: list, want_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
+               fwd_timer: ForwardTimer | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over `grad_accum` micro-batches. Returns (mean loss, grad norm) as device
     tensors: nothing here waits for the GPU. The norm is computed when clipping or when asked (log steps)."""
     accum, clip = len(micro_batches), s.cfg.train.grad_clip
     loss_sum = torch.zeros((), device=s.device)
-    for x, y in micro_batches:
-        with precision.autocast(s.dtype, s.device):
-            loss = s.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
-        s.scaler.scale(loss).backward()
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == accum - 1
+        with grad_sync(s.model, last):  # DDP/FSDP: reduce gradients on the last micro-batch only
+            if fwd_timer:
+                fwd_timer.start()
+            with precision.autocast(s.dtype, s.device):
+                loss = s.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
+            if fwd_timer:
+                fwd_timer.stop()
+            s.scaler.scale(loss).backward()
         loss_sum += loss.detach()
     s.scaler.unscale_(s.opt)  # no-op unless fp16: grads back to true scale before clipping
     grad_norm = None
@@ -228,96 +284,159 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True) -> tuple[t
 
 @torch.no_grad()
 def evaluate(s: Setup) -> dict:
-    """Mean val loss (and accuracy for classifiers) over fixed val micro-batches, eager, eval mode."""
+    """Mean val loss (and accuracy for classifiers) over fixed val micro-batches, eval mode, all ranks."""
     ds = s.val_ds
     if ds is None or s.cfg.data.eval_batches == 0 or len(ds) < s.cfg.data.batch_size:
         return {}
     s.model.eval()
-    losses, correct, total = [], 0, 0
+    loss_sum, correct, total, n = torch.zeros((), device=s.device), 0, 0, 0
     loss_fn = s.step_module.loss_fn
-    for idx in eval_batches(ds, s.cfg.data.batch_size, s.cfg.data.eval_batches, 0, 1):
+    for idx in eval_batches(ds, s.cfg.data.batch_size, s.cfg.data.eval_batches, s.env.rank, s.env.world_size):
         batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
         x, y = (t.to(s.device, non_blocking=True) for t in batch)
         with precision.autocast(s.dtype, s.device):
-            if loss_fn is None:
-                losses.append(s.model(x, y).float())
-                continue
-            out = s.model(x)
-            losses.append(loss_fn(out, y).float())
-        if out.dim() == y.dim() + 1 and not y.is_floating_point():
+            out = s.model(x, y) if loss_fn is None else s.model(x)
+            loss_sum += (out if loss_fn is None else loss_fn(out, y)).float()
+        n += 1
+        if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
             correct += (out.argmax(-1) == y).sum()
             total += y.numel()
     s.model.train()
-    row = {"val_loss": torch.stack(losses).mean().item()}  # sync: once per eval
+    # sync point, once per eval: sums over ranks
+    val_loss, correct, total, n = all_sum([float(loss_sum), float(correct), float(total), float(n)], s)
+    row = {"val_loss": val_loss / max(n, 1)}
     if total:
-        row["val_acc"] = float(correct) / total
+        row["val_acc"] = correct / total
     return row
+
+
+def all_sum(values: list[float], s: Setup) -> list[float]:
+    return [v * s.env.world_size for v in all_mean(values, s.device)]
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; the loop finishes the step, saves a checkpoint and exits."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+class Stopped(Exception):
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}")
+        self.signum, self.step = signum, step
 
 
 def train(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
           val_data: Dataset | None = None, loss_fn: LossFn | None = None) -> dict:
-    """Train per `cfg`; returns the summary (also written to summary.json)."""
+    """Train per `cfg`; returns the summary (also written to summary.json by rank 0)."""
     t_start = time.perf_counter()
-    s = build(cfg, model, train_data, val_data, loss_fn)
-    t: TrainConfig = cfg.train
-    logger = MetricsLogger(s.run_dir, t.steps)
-    gpu = GpuStats(s.device)
-    n_warm = min(3, max(1, t.steps // 10))  # first steps hold compile / CUDA-graph capture / allocator warm-up
+    try:
+        s = build(cfg, model, train_data, val_data, loss_fn)
+        return _loop(s, t_start)
+    finally:
+        shutdown()
+
+
+def _loop(s: Setup, t_start: float) -> dict:
+    t, every = s.cfg.train, s.cfg.checkpoint.every
+    main, multi = s.env.is_main, s.env.world_size > 1
+    logger = MetricsLogger(s.run_dir, t.steps, enabled=main)
+    gpu, alerts, stop = GpuStats(s.device), Alerts(t.max_bad_steps), StopRequest()
+    fwd_timer = ForwardTimer(s.device, enabled=multi)
+    stragglers = StragglerWatch(s.cfg.parallel.straggler_ratio, s.device, s.env.rank)
+    n_warm = min(3, max(1, (t.steps - s.start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
     if s.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(s.device)
     s.model.train()
-    t_loop = window_t0 = time.perf_counter()
-    window_wait0, window_start = 0.0, 0
-    timed_t0, excluded_s, windows, bad_streak, last = None, 0.0, [], 0, {}
+    meter, last, done = Meter(n_warm, s.start_step), {}, s.start_step
     try:
-        for step in range(t.steps):
+        for step in range(s.start_step, t.steps):
             done = step + 1
             is_log = done % t.log_every == 0 or done == t.steps
             is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
             micro = [next(s.batches) for _ in range(t.grad_accum)]
-            if step == 0 and s.compiled:
+            if step == s.start_step and s.compiled:
                 loss, grad_norm = _first_step_with_fallback(s, micro)
             else:
-                loss, grad_norm = train_step(s, micro, want_norm=is_log)
-            if done == n_warm:  # end of warm-up: the timed region starts on a drained device
+                loss, grad_norm = train_step(s, micro, want_norm=is_log, fwd_timer=fwd_timer)
+            if done - s.start_step == n_warm:  # end of warm-up: the timed region starts on a drained device
                 sync(s.device)
-                timed_t0 = time.perf_counter()
-            if not (is_log or is_eval):
-                continue
-            sync(s.device)  # sync point: reading the clock and the loss
-            t_log = time.perf_counter()
-            dt, n = t_log - window_t0, done - window_start
-            rate = n * s.info["global_batch"] / dt
-            if window_start >= n_warm:
-                windows.append(rate)
-            row = {"step": done, "loss": loss.item(), "lr": s.sched.get_last_lr()[0], "grad_norm": grad_norm.item() if grad_norm is not None else None,
-                   **_throughput(s, rate, dt / n, (s.batches.wait_s - window_wait0) / dt)}
-            bad_streak = 0 if math.isfinite(row["loss"]) else bad_streak + min(n, t.log_every)
-            if bad_streak >= t.max_bad_steps or (not math.isfinite(row["loss"]) and done == t.steps):
-                raise NonFiniteLoss(f"loss is {row['loss']} at step {done} (non-finite for {bad_streak} steps); "
-                                    f"lower train.lr, set train.grad_clip, or use precision.dtype=bf16")
-            row["peak_mem_gib"] = round(peak_mem_gib(s.device), 4)
-            row.update(gpu.read())
-            if is_eval:
-                row.update(evaluate(s))
-            logger.log(row)
-            last = row
-            # restart the window after logging/eval, and keep their time out of the summary's throughput
-            window_t0, window_wait0, window_start = time.perf_counter(), s.batches.wait_s, done
-            if timed_t0 is not None:
-                excluded_s += window_t0 - t_log
+                meter.warm_done()
+            if is_log or is_eval:
+                last = _log_step(s, done, loss, grad_norm, is_eval, meter, logger, gpu, alerts, fwd_timer, stragglers) or last
+            if _agreed_stop(stop, s, is_log or not multi):
+                if every:
+                    s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
+                raise Stopped(stop.signum, done)
+            if every and done % every == 0 and done < t.steps:
+                s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
+    except Stopped as e:
+        say(f"{e}; " + ("checkpoint saved — rerun the same command to resume" if every else
+                       "checkpointing is off (checkpoint.every=0): progress is lost"))
+        raise SystemExit(128 + e.signum)
     finally:
+        stop.restore()
         logger.close()
-    timed = None
-    if timed_t0 is not None and t.steps > n_warm:
-        timed = (t.steps - n_warm) * s.info["global_batch"] / (window_t0 - timed_t0 - excluded_s)
-    warm_s = (timed_t0 or window_t0) - t_loop
-    summary = _summary(s, last, timed, windows, warm_s, n_warm, time.perf_counter() - t_start)
-    (s.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if every:
+        s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
+    samples_per_s = meter.timed_rate(done, s.global_batch)
+    summary = _summary(s, last, samples_per_s, meter, time.perf_counter() - t_start)
+    if main:
+        (s.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     say(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, loss {summary['final_loss']:.4f}"
         + (f", val_loss {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else "")
         + f" → {s.run_dir}")
     return summary
+
+
+def _agreed_stop(stop: StopRequest, s: Setup, check: bool) -> bool:
+    """Single process: stop after the current step. Several ranks agree at log steps (a collective per
+    step would cost a sync each step), so all of them save the same step."""
+    if s.env.world_size == 1:
+        return stop.signum != 0
+    if not check:
+        return False
+    flag = all_mean([float(stop.signum)], s.device)[0]
+    if flag and not stop.signum:
+        stop.signum = signal.SIGTERM
+    return flag != 0
+
+
+def _log_step(s: Setup, done: int, loss, grad_norm, is_eval: bool, meter: Meter, logger: MetricsLogger,
+              gpu: GpuStats, alerts: Alerts, fwd_timer: ForwardTimer, stragglers: StragglerWatch) -> dict:
+    sync(s.device)  # sync point: reading the clock and the loss
+    dt, n, wait = meter.window(done, s.batches.wait_s)
+    rate = n * s.global_batch / dt
+    meter.record(rate)
+    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    loss_v, peak = all_mean([loss.item(), peak_mem_gib(s.device)], s.device)  # mean loss over ranks
+    row = {"step": done, "loss": loss_v, "lr": s.sched.get_last_lr()[0],
+           "grad_norm": norm.item() if norm is not None else None, **_throughput(s, rate, dt / n, wait / dt),
+           "peak_mem_gib": round(peak, 4)}
+    if s.env.world_size > 1:
+        row.update(stragglers.update((fwd_timer.take() + wait) / n, done))
+    alerts.check_loss(loss_v, done, n, final=done == s.cfg.train.steps)
+    alerts.check_rate(rate, done)
+    row.update(gpu.read())
+    if is_eval:
+        row.update(evaluate(s))
+    logger.log(row)
+    meter.restart(done, s.batches.wait_s)
+    return row
+
+
+def _ckpt_meta(s: Setup) -> dict:
+    return {"global_batch": s.global_batch, "strategy": s.strategy, "param_shapes": param_shapes(s.model),
+            "config": to_toml(s.cfg)}
 
 
 def _first_step_with_fallback(s: Setup, micro: list):
@@ -337,24 +456,24 @@ def _throughput(s: Setup, samples_per_s: float, step_s: float, wait_frac: float)
     row = {"samples_per_s": samples_per_s, "step_ms": step_s * 1e3, "data_wait_pct": 100 * wait_frac}
     if s.tokens_per_sample:
         row["tokens_per_s"] = samples_per_s * s.tokens_per_sample
-    row["mfu"] = min(1.0, samples_per_s * s.flops_per_sample / s.peak_flops) if s.peak_flops else None
+    per_device = samples_per_s / s.env.world_size
+    row["mfu"] = min(1.0, per_device * s.flops_per_sample / s.peak_flops) if s.peak_flops else None
     return row
 
 
-def _summary(s: Setup, last: dict, samples_per_s: float | None, windows: list, warm_s: float, n_warm: int,
-             wall_s: float) -> dict:
-    timed = _throughput(s, samples_per_s, s.info["global_batch"] / samples_per_s, 0.0) if samples_per_s else {}
-    steady_step_s = s.info["global_batch"] / samples_per_s if samples_per_s else 0.0
+def _summary(s: Setup, last: dict, samples_per_s: float | None, meter: Meter, wall_s: float) -> dict:
+    timed = _throughput(s, samples_per_s, s.global_batch / samples_per_s, 0.0) if samples_per_s else {}
+    steady_step_s = s.global_batch / samples_per_s if samples_per_s else 0.0
     out = {
         "steps": last.get("step"), "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
         "val_acc": last.get("val_acc"),
-        "samples_per_s": samples_per_s,
-        "samples_per_s_median_window": statistics.median(windows) if windows else None,
+        "samples_per_s": samples_per_s, "samples_per_s_median_window": meter.median_window,
+        "samples_per_s_per_device": samples_per_s / s.env.world_size if samples_per_s else None,
         "tokens_per_s": timed.get("tokens_per_s"), "step_ms": timed.get("step_ms"), "mfu": timed.get("mfu"),
         "peak_mem_gib": last.get("peak_mem_gib"), "data_wait_pct": last.get("data_wait_pct"),
         # warm-up steps' time beyond what they would take at steady speed (≈ compile + first-call costs)
-        "compile_s": max(0.0, warm_s - n_warm * steady_step_s) if s.cfg.compile.enabled else 0.0,
-        "warmup_s": warm_s, "warmup_steps_excluded": n_warm, "wall_s": wall_s,
+        "compile_s": max(0.0, meter.warm_s - meter.n_warm * steady_step_s) if s.cfg.compile.enabled else 0.0,
+        "warmup_s": meter.warm_s, "warmup_steps_excluded": meter.n_warm, "wall_s": wall_s,
         "flops_per_sample": s.flops_per_sample, "flops_source": s.flops_source, "peak_flops": s.peak_flops,
         **s.info,
     }

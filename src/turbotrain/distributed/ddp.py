@@ -1,0 +1,35 @@
+"""DDP: gradients all-reduced in buckets that overlap backward; no_sync skips it on accumulation steps."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from turbotrain.distributed.env import ParallelConfig
+from turbotrain.monitor.log import say
+
+
+def apply_ddp(model: nn.Module, device: torch.device, cfg: ParallelConfig) -> DDP:
+    """`apply_ddp(model, device, cfg)` → the wrapped model. Buckets are views of the gradients
+    (gradient_as_bucket_view: no copy in or out of the buckets)."""
+    if cfg.sync_batchnorm and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        say("ddp: BatchNorm layers synchronized across ranks (SyncBatchNorm)")
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True, static_graph=cfg.static_graph)
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, last_micro_step: bool):
+    """Reduce gradients on the last micro-batch of an accumulation only: DDP's no_sync, FSDP2's
+    set_requires_gradient_sync (unsharded grads accumulate locally until then). A no-op otherwise."""
+    if isinstance(model, DDP) and not last_micro_step:
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last_micro_step)
+        yield
+    else:
+        yield

@@ -1,0 +1,97 @@
+"""The process group: read torchrun's environment, pick NCCL (GPU) or gloo (CPU), bind the device.
+
+torchrun is the launcher (single- and multi-node, --max-restarts); nothing here spawns processes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from turbotrain.errors import UserError
+
+Strategy = Literal["auto", "none", "ddp", "fsdp"]
+
+
+@dataclass
+class ParallelConfig:
+    strategy: Strategy = "auto"  # auto: ddp when WORLD_SIZE > 1, else none
+    bucket_cap_mb: int = 25  # DDP gradient bucket size
+    static_graph: bool = False  # DDP: same graph every step (lets DDP skip unused-parameter search)
+    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
+    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (less memory, one more all-gather)
+    straggler_ratio: float = 1.25  # warn when a rank's own time per step exceeds the others' median by this
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb < 1:
+            raise UserError(f"parallel.bucket_cap_mb = {self.bucket_cap_mb}: must be >= 1")
+        if self.straggler_ratio <= 1:
+            raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_environ() -> "DistEnv":
+        e = os.environ
+        return DistEnv(int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), int(e.get("WORLD_SIZE", 1)),
+                       int(e.get("LOCAL_WORLD_SIZE", e.get("WORLD_SIZE", 1))))
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "none"
+    if strategy == "none" and world_size > 1:
+        raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\" or \"fsdp\"")
+    return strategy
+
+
+def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
+    """Join the process group (once) and return this rank's device (cuda:LOCAL_RANK on GPUs)."""
+    if device.type == "cuda":
+        if env.local_rank >= torch.cuda.device_count():
+            raise UserError(f"LOCAL_RANK {env.local_rank} but only {torch.cuda.device_count()} GPU(s) visible; "
+                            f"lower --nproc_per_node")
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=10),
+                                device_id=device if device.type == "cuda" else None)
+    return device
+
+
+def all_mean(values: list[float], device: torch.device) -> list[float]:
+    """Mean of each value over ranks (one collective for all of them)."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return (t / dist.get_world_size()).tolist()
+
+
+def all_gather_floats(value: float, device: torch.device) -> list[float]:
+    if not dist.is_initialized():
+        return [value]
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [float(x) for x in out]
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
