@@ -29,8 +29,9 @@ anchors)
   (cd .anchors && python3 anchor_gpt.py ${ANCHORS:-fp32 bf16 bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile}) 2>&1 \
     | grep '^{' | tee -a "$OUT/anchors.jsonl" ;;
 gpt-compile)
-  tt tt_bf16_compile gpt2-124m precision.dtype=bf16
-  tt tt_bf16_compile_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 ;;
+  tt tt_preset gpt2-124m
+  tt tt_bf16_compile_ro_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0
+  tt tt_bf16_compile_default_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=default ;;
 gpt)
   tt tt_fp32_eager gpt2-124m precision.dtype=fp32 compile.enabled=false train.steps=30
   tt tt_bf16_eager gpt2-124m precision.dtype=bf16 compile.enabled=false
@@ -38,7 +39,7 @@ gpt)
   tt tt_bf16_compile_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 ;;
 cnn)
   tt tt_cnn_fashion cnn-fashion
-  grep -E '^step (250|500|750|1000)/' "$OUT/tt_cnn_fashion.log" ;;
+  grep -E '^step (250|500|750|1000)/' "$OUT/tt_cnn_fashion.log"; rm -f "$OUT/tt_cnn_fashion.log" ;;
 extra)
   tt tt_bf16_compile_noclip_cdt gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.coordinate_descent_tuning=true
   tt tt_bf16_compile_noclip_ro gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=reduce-overhead
@@ -46,3 +47,4 @@ extra)
   tt tt_bf16_compile_noclip_maxat gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=max-autotune-no-cudagraphs ;;
 esac; done
 echo "== results"; cat "$OUT/results.jsonl" 2>/dev/null; cat "$OUT/anchors.jsonl" 2>/dev/null
+rm -f "$OUT"/tt_*.log.keep 2>/dev/null; true

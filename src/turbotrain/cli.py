@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   turbotrain train gpt2-124m precision.dtype=bf16 compile.enabled=true
   turbotrain train my.toml train.steps=30 data.batch_size=8
   torchrun --nproc_per_node=2 -m turbotrain train gpt2-124m
+  turbotrain scale gpt2-124m --gpus 1,2 --strategies ddp,fsdp
 """
 
 
@@ -22,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a preset or a .toml config")
     t.add_argument("config", nargs="?", default=None, help="preset name or .toml path (default: gpt-shakespeare)")
     t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.steps=30")
+    sc = sub.add_parser("scale", help="throughput and efficiency at each world size, through torchrun")
+    sc.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
+    sc.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    sc.add_argument("--gpus", required=True, help="world sizes, e.g. 1,2,4,8 (CPU processes without a GPU)")
+    sc.add_argument("--strategies", default="ddp", help="comma list of ddp,fsdp (default ddp)")
     e = sub.add_parser("env", help="device, versions, peak FLOP/s and recommended settings")
     e.add_argument("--json", action="store_true")
     d = sub.add_parser("data", help="list or fetch datasets")
@@ -47,6 +53,19 @@ def run(args: argparse.Namespace) -> int:
 
         config, overrides = _split_config(args.config, args.overrides)
         train(load_config(config, overrides))
+    elif args.command == "scale":
+        from turbotrain.scale import run_scale
+
+        config, overrides = _split_config(args.config, args.overrides)
+        try:
+            gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--gpus {args.gpus!r}: expected comma-separated integers, e.g. 1,2,4") from None
+        strategies = [x.strip() for x in args.strategies.split(",") if x.strip()]
+        bad = [x for x in strategies if x not in ("ddp", "fsdp")]
+        if not gpus or min(gpus) < 1 or bad:
+            raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
+        run_scale(config, overrides, gpus, strategies)
     elif args.command == "env":
         from turbotrain.env import describe_env, format_env
 

@@ -228,8 +228,15 @@ def _merge(base: dict, top: dict) -> dict:
 
 def load_config(source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     raw, _ = _read_toml(source or DEFAULT_PRESET)
+    base = {sec: dict(raw.get(sec, {})) for sec in ("model", "data")}
     for item in overrides:
         apply_override(raw, item)
+    for sec, before in base.items():  # another factory named on the command line: the preset's args go
+        now = raw.get(sec, {})
+        if "name" in now and now["name"] != before.get("name") and "args" in before:
+            given = {k.split("=", 1)[0].strip().split(".", 2)[2] for k in overrides
+                     if k.strip().startswith(f"{sec}.args.") and "=" in k}
+            now["args"] = {k: v for k, v in now.get("args", {}).items() if k in given}
     return config_from_dict(raw)
 
 

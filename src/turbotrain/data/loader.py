@@ -149,12 +149,14 @@ class Batches:
         self._next = None
 
     def _fetch(self):
+        # data wait = host time spent producing the next batch (loader queue, index generation); the
+        # device-side gather of resident data is enqueued like the forward and counts as compute
         t0 = time.perf_counter()
         batch = next(self._it)
-        if self.resident:
-            batch = self.ds.gather(batch)
         self.wait_s += time.perf_counter() - t0
-        if self.resident or self.stream is None:
+        if self.resident:
+            return self._move(self.ds.gather(batch))  # already on the device; only the layout may change
+        if self.stream is None:
             return self._move(batch)
         with torch.cuda.stream(self.stream):  # async copy of pinned memory on the side stream
             return self._move(batch)
@@ -166,8 +168,10 @@ class Batches:
         step, epoch, perm = self.sampler.start_step, None, None
         while True:
             e, starts = self.sampler.step_slots(step)
-            if e != epoch:
-                epoch, perm = e, self.sampler.permutation(e).to(self.device)
+            if e != epoch:  # pinned + non_blocking: the upload does not wait for the GPU to drain
+                perm = self.sampler.permutation(e)
+                perm = perm.pin_memory() if self.device.type == "cuda" else perm
+                epoch, perm = e, perm.to(self.device, non_blocking=True)
             for s in starts:
                 yield perm[s:s + self.sampler.micro]
             step += 1

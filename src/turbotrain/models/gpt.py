@@ -18,7 +18,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(n_embd, bias=bias)
         self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.out = nn.Linear(4 * n_embd, n_embd, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 still costs a kernel in training
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -42,7 +42,7 @@ class GPT(nn.Module):
         self.block_size, self.n_layer, self.n_embd = block_size, n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
         self.lnf = nn.LayerNorm(n_embd, bias=bias)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)

@@ -1,0 +1,94 @@
+"""`turbotrain scale`: the same workload through torchrun at each world size (weak scaling: the
+per-device batch stays fixed), per-device throughput and efficiency against 1 device.
+
+Usage: `turbotrain scale gpt2-124m --gpus 1,2 --strategies ddp,fsdp`. On a CPU the ranks are processes
+over gloo: the table then checks the wiring, it is not a performance figure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from turbotrain.config import load_config
+from turbotrain.errors import UserError
+from turbotrain.monitor.log import say
+
+TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
+
+
+def _torchrun(n: int, config: str | None, overrides: list[str], log: Path) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "-m", "turbotrain", "train", *([config] if config else []), *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as f:
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str]) -> dict:
+    cfg = load_config(config, overrides)  # validate once, before launching anything
+    on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+    if on_gpu and max(gpus) > torch.cuda.device_count():
+        raise UserError(f"--gpus asks for {max(gpus)} GPUs, {torch.cuda.device_count()} visible")
+    out = Path(cfg.run.out_dir) / f"{cfg.run.name}-scale"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for strategy in strategies:
+        base = None
+        for n in sorted(gpus):
+            name = f"{cfg.run.name}-scale-{strategy}-{n}"
+            extra = [f"parallel.strategy={strategy}", f"run.name={name}", "checkpoint.every=0"]
+            if not on_gpu:
+                extra.append("run.device=\"cpu\"")
+            unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
+            say(f"scale: {strategy} on {n} {unit}")
+            rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
+            if rc != 0:
+                tail = (out / f"{name}.log").read_text().strip().splitlines()[-3:]
+                rows.append({"world_size": n, "strategy": strategy, "error": f"exit {rc}: {' | '.join(tail)[:300]}"})
+                continue
+            s = json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text())
+            per_dev = s["samples_per_s"] / n
+            base = per_dev if n == 1 else base
+            row = {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
+                   "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
+                   "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
+                   "efficiency": per_dev / base if base else None, "target": TARGETS.get(n),
+                   "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
+                   "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
+            row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
+            rows.append(row)
+    result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
+              "performance_figure": on_gpu,
+              "note": None if on_gpu else "CPU processes over gloo: a wiring check, not a performance figure",
+              "torch": torch.__version__, "rows": rows}
+    (out / "scale.json").write_text(json.dumps(result, indent=2))
+    table = format_table(result)
+    (out / "scale.md").write_text(table + "\n")
+    print(table)
+    say(f"scale: wrote {out / 'scale.json'}")
+    return result
+
+
+def format_table(result: dict) -> str:
+    unit = "tok/s" if any(r.get("tokens_per_s") for r in result["rows"]) else "samples/s"
+    lines = [f"| strategy | devices | {unit} total | {unit} per device | efficiency | target | peak GiB/device |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['strategy']} | {r['world_size']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        total = r["tokens_per_s"] or r["samples_per_s"]
+        per = r["tokens_per_s_per_device"] or r["samples_per_s_per_device"]
+        eff = f"{r['efficiency']:.1%}" if r["efficiency"] is not None else "—"
+        flag = " ⚠ below target" if r["below_target"] else ""
+        target = f"≥ {r['target']:.0%}" if r["target"] else "—"
+        lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f} | {eff}{flag} | {target} | "
+                     f"{r['peak_mem_gib_per_device']:.2f} |")
+    if result["note"]:
+        lines.append(f"\n_{result['note']}_")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""2 gloo ranks on a CPU through torchrun: DDP and FSDP2 equal one process; stragglers are named."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = ["model.args.n_layer=2", "model.args.n_embd=32", "model.args.n_head=2", "data.args.block_size=32",
+        "precision.dtype=fp32", "model.args.dropout=0.0", "train.steps=6", "train.log_every=1"]
+HERE = Path(__file__).parent
+
+
+def run(tmp_path, nproc, *args, env=None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"] if nproc else \
+          [sys.executable, "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def losses(tmp_path, name):
+    return [json.loads(line)["loss"] for line in open(tmp_path / name / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    path = tmp_path_factory.mktemp("single")
+    run(path, 0, *TINY, "run.name=one", "data.batch_size=8")
+    return losses(path, "one")
+
+
+@pytest.mark.parametrize("strategy, micro, accum", [("ddp", 4, 1), ("fsdp", 4, 1), ("ddp", 2, 2), ("fsdp", 2, 2)])
+def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum):
+    run(tmp_path, 2, *TINY, "run.name=dist", f"parallel.strategy={strategy}", f"data.batch_size={micro}",
+        f"train.grad_accum={accum}")
+    dist = losses(tmp_path, "dist")
+    assert len(dist) == len(single) == 6
+    assert dist == pytest.approx(single, rel=1e-4)
+    summary = json.loads((tmp_path / "dist" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["strategy"] == strategy and summary["global_batch"] == 8
+
+
+def test_straggler_is_named(tmp_path):
+    env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = run(tmp_path, 2, "mlp-seed", "model.name=\"slowpkg:build_model\"", "data.name=\"slowpkg:build_data\"",
+            "parallel.strategy=ddp", "data.batch_size=4", "data.num_workers=0", "train.steps=12",
+            "train.log_every=2", "precision.dtype=fp32", "run.name=slow", env=env)
+    assert "straggler: rank 1" in r.stdout
+    rows = [json.loads(line) for line in open(tmp_path / "slow" / "metrics.jsonl")]
+    assert rows[-1]["slowest_rank"] == 1 and rows[-1]["rank_time_ratio"] > 1.25
+
+
+def test_scale_writes_both_rows(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "turbotrain", "scale", *TINY, "train.steps=8",
+                        f"run.out_dir={str(tmp_path)!r}", "--gpus", "1,2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "gpt-shakespeare-scale" / "scale.json").read_text())
+    rows = result["rows"]
+    assert [row["world_size"] for row in rows] == [1, 2]
+    assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"]
+    assert result["performance_figure"] is False and "not a performance figure" in r.stdout
