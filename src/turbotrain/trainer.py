@@ -14,7 +14,7 @@ import resource
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -193,7 +193,10 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     compile_cfg = cfg.compile
     if strategy == "fsdp" and compile_cfg.enabled and compile_cfg.scope == "model":
         say("compile: FSDP2 compiles per block (scope=blocks); whole-model compile over FSDP hooks is slower")
-        compile_cfg = type(compile_cfg)(**{**compile_cfg.__dict__, "scope": "blocks"})
+        compile_cfg = replace(compile_cfg, scope="blocks")
+    if strategy != "none" and compile_cfg.enabled and compile_cfg.mode == "reduce-overhead":
+        say("compile: CUDA graphs (reduce-overhead) cannot hold DDP/FSDP collectives; using mode=default")
+        compile_cfg = replace(compile_cfg, mode="default")
     compiled = apply_compile(model, compile_cfg) if compile_cfg.scope == "blocks" else []
     if strategy == "ddp":
         model = apply_ddp(model, device, cfg.parallel)
