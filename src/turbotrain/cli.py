@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     sc.add_argument("--gpus", required=True, help="world sizes, e.g. 1,2,4,8 (CPU processes without a GPU)")
     sc.add_argument("--strategies", default="ddp", help="comma list of ddp,fsdp (default ddp)")
+    pr = sub.add_parser("profile", help="where a step's time goes: breakdown, verdict, fixes")
+    pr.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
+    pr.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    pr.add_argument("--active", type=int, default=5, help="profiled steps (default 5)")
     e = sub.add_parser("env", help="device, versions, peak FLOP/s and recommended settings")
     e.add_argument("--json", action="store_true")
     d = sub.add_parser("data", help="list or fetch datasets")
@@ -66,6 +70,14 @@ def run(args: argparse.Namespace) -> int:
         if not gpus or min(gpus) < 1 or bad:
             raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
         run_scale(config, overrides, gpus, strategies)
+    elif args.command == "profile":
+        from turbotrain.config import load_config
+        from turbotrain.profile import run_profile
+
+        config, overrides = _split_config(args.config, args.overrides)
+        if args.active < 1:
+            raise UserError("--active must be >= 1")
+        run_profile(load_config(config, overrides), active=args.active)
     elif args.command == "env":
         from turbotrain.env import describe_env, format_env
 

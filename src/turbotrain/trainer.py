@@ -44,6 +44,7 @@ from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.log import say
 from turbotrain.monitor.logger import MetricsLogger
 from turbotrain.monitor.nvml import GpuStats
+from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
 from turbotrain.plugins import load_object
@@ -263,25 +264,26 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
     accum, clip = len(micro_batches), s.cfg.train.grad_clip
     loss_sum = torch.zeros((), device=s.device)
     for i, (x, y) in enumerate(micro_batches):
-        last = i == accum - 1
-        with grad_sync(s.model, last):  # DDP/FSDP: reduce gradients on the last micro-batch only
+        with grad_sync(s.model, last_micro_step=i == accum - 1):  # DDP/FSDP: reduce on the last micro-batch
             if fwd_timer:
                 fwd_timer.start()
-            with precision.autocast(s.dtype, s.device):
+            with phase("forward"), precision.autocast(s.dtype, s.device):
                 loss = s.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
             if fwd_timer:
                 fwd_timer.stop()
-            s.scaler.scale(loss).backward()
+            with phase("backward"):
+                s.scaler.scale(loss).backward()
         loss_sum += loss.detach()
-    s.scaler.unscale_(s.opt)  # no-op unless fp16: grads back to true scale before clipping
-    grad_norm = None
-    if clip > 0 or want_norm:
-        params = [p for p in s.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf, foreach=True)
-    s.scaler.step(s.opt)  # fp16: skipped when grads hold inf/NaN
-    s.scaler.update()
-    s.opt.zero_grad(set_to_none=True)
-    s.sched.step()
+    with phase("optimizer"):
+        s.scaler.unscale_(s.opt)  # no-op unless fp16: grads back to true scale before clipping
+        grad_norm = None
+        if clip > 0 or want_norm:
+            params = [p for p in s.model.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf, foreach=True)
+        s.scaler.step(s.opt)  # fp16: skipped when grads hold inf/NaN
+        s.scaler.update()
+        s.opt.zero_grad(set_to_none=True)
+        s.sched.step()
     return loss_sum, grad_norm
 
 

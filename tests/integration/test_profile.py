@@ -1,0 +1,51 @@
+"""The profiler's breakdown and verdict, on planted cases."""
+import gzip
+import json
+
+import pytest
+import torch
+
+from turbotrain.config import load_config
+from turbotrain.profile import PARTS, run_profile
+
+
+def _profile(tmp_path, *overrides, preset="mlp-seed"):
+    return run_profile(load_config(preset, [f"run.out_dir={str(tmp_path)!r}", "precision.dtype=fp32", *overrides]),
+                       active=4)
+
+
+def test_default_preset_report_and_trace(tmp_path):
+    report = _profile(tmp_path, "train.steps=10", preset="gpt-shakespeare")
+    out = tmp_path / "gpt-shakespeare" / "profile"
+    shares = report["breakdown_share"]
+    assert set(PARTS) == set(shares) and sum(v > 0 for v in shares.values()) >= 4
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6)
+    assert report["verdict"] and report["recommendations"]
+    trace = json.loads(gzip.open(out / "trace.json.gz").read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "turbotrain/forward" in names and "turbotrain/backward" in names and len(trace["traceEvents"]) > 100
+    assert (out / "report.md").read_text().startswith("# Profile")
+    assert json.loads((out / "report.json").read_text())["verdict"] == report["verdict"]
+
+
+def test_slow_items_without_workers_are_data_bound(tmp_path):
+    report = _profile(tmp_path, 'model.name="tests.planted:small_model"', 'data.name="tests.planted:slow_data"',
+                      "data.num_workers=0", "data.batch_size=16")
+    assert report["verdict"] == "data-bound"
+    assert report["breakdown_share"]["data_wait"] > 0.5
+    assert report["recommendations"][0]["set"].startswith("data.num_workers=")
+
+
+def test_in_memory_data_with_heavy_model_is_not_data_bound(tmp_path):
+    report = _profile(tmp_path, 'model.name="tests.planted:heavy_model"', "data.args.in_features=32",
+                      "data.args.num_classes=4", "data.batch_size=256")
+    assert report["verdict"] != "data-bound"
+    assert report["breakdown_share"]["forward"] + report["breakdown_share"]["backward"] > 0.5
+
+
+@pytest.mark.gpu
+def test_tiny_model_on_gpu_is_launch_bound(tmp_path):
+    report = _profile(tmp_path, 'model.name="tests.planted:small_model"', "data.args.in_features=32",
+                      "data.args.num_classes=4", "data.batch_size=8", "run.device=\"cuda\"")
+    assert report["verdict"] == "host/launch-bound"
+    assert "compile.mode=reduce-overhead" in report["recommendations"][0]["set"]
