@@ -28,6 +28,14 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     sc.add_argument("--gpus", required=True, help="world sizes, e.g. 1,2,4,8 (CPU processes without a GPU)")
     sc.add_argument("--strategies", default="ddp", help="comma list of ddp,fsdp (default ddp)")
+    b = sub.add_parser("bench", help="what each technique buys: speed, memory, loss reached")
+    b.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
+    b.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    b.add_argument("--variants", default=None, help="comma list (default: sensible per device): baseline,tf32,"
+                   "bf16,fp16,compile,accum,channels_last,act_ckpt,fused_opt,workers,all")
+    b.add_argument("--repeats", type=int, default=1, help="runs per variant; the median is reported")
+    b.add_argument("--converge", action="store_true", help="judge convergence parity (val loss within 1%%, acc 0.3 pt)")
+    b.add_argument("--compare", default="", help="comma list of accelerate,fabric: same workload through them")
     pr = sub.add_parser("profile", help="where a step's time goes: breakdown, verdict, fixes")
     pr.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
     pr.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -70,6 +78,15 @@ def run(args: argparse.Namespace) -> int:
         if not gpus or min(gpus) < 1 or bad:
             raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
         run_scale(config, overrides, gpus, strategies)
+    elif args.command == "bench":
+        from turbotrain.bench import run_bench
+
+        config, overrides = _split_config(args.config, args.overrides)
+        if args.repeats < 1:
+            raise UserError("--repeats must be >= 1")
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+        compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+        run_bench(config, overrides, variants, args.repeats, args.converge, compare)
     elif args.command == "profile":
         from turbotrain.config import load_config
         from turbotrain.profile import run_profile

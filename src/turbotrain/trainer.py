@@ -296,7 +296,9 @@ def evaluate(s: Setup) -> dict:
     s.model.eval()
     loss_sum, correct, total, n = torch.zeros((), device=s.device), 0, 0, 0
     loss_fn = s.step_module.loss_fn
-    for idx in eval_batches(ds, s.cfg.data.batch_size, s.cfg.data.eval_batches, s.env.rank, s.env.world_size):
+    # the val set is eval_batches global batches, whatever the micro-batch split: comparable across configs
+    n_micro = s.cfg.data.eval_batches * s.cfg.train.grad_accum * s.env.world_size
+    for idx in eval_batches(ds, s.cfg.data.batch_size, n_micro, s.env.rank, s.env.world_size):
         batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
         x, y = (t.to(s.device, non_blocking=True) for t in batch)
         with precision.autocast(s.dtype, s.device):

@@ -1,0 +1,219 @@
+"""`turbotrain bench`: the same workload once per technique — speed, memory and the loss reached.
+
+Every variant is the baseline (fp32, eager, foreach optimizer, no data workers, nothing else) plus the
+one technique it names; `all` is the best combination. Same seed, same data, same steps, each in a fresh
+process (no shared compile cache or allocator state), throughput over the timed region after warm-up
+(compile excluded and reported apart), median over repeats.
+
+Usage: `turbotrain bench gpt2-124m --variants baseline,bf16,compile,all --compare accelerate,fabric`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from turbotrain.accel.compile import find_blocks
+from turbotrain.config import Config, load_config
+from turbotrain.errors import UserError
+from turbotrain.monitor.log import say
+
+BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
+            'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
+            "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false"]
+AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
+             'data.persistent_workers="auto"']
+
+
+def variant_overrides(name: str, cfg: Config) -> list[str]:
+    """What a variant changes over the baseline."""
+    b, a = cfg.data.batch_size, cfg.train.grad_accum
+    table = {
+        "baseline": [],
+        "tf32": ["precision.dtype=tf32"],
+        "bf16": ["precision.dtype=bf16"],
+        "fp16": ["precision.dtype=fp16"],
+        "compile": ["compile.enabled=true"],
+        "accum": [f"data.batch_size={max(1, b // 2)}", f"train.grad_accum={a * 2 if b > 1 else a}"],
+        "channels_last": ["memory.channels_last=true"],
+        "act_ckpt": ['memory.activation_checkpointing="full"'],
+        "fused_opt": ['train.optimizer_impl="fused"'],
+        "workers": AUTO_DATA,
+        "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
+                'memory.channels_last="auto"', *AUTO_DATA],
+    }
+    if name not in table:
+        raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
+    return table[name]
+
+
+def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
+    from turbotrain.data.loader import build_dataset
+    from turbotrain.models import build_model
+    from turbotrain.trainer import data_meta
+
+    model = build_model(cfg.model, **data_meta(build_dataset(cfg.data, "train")))
+    conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    blocks = find_blocks(model) is not None
+    if not on_gpu:  # CPU: no tensor cores, compile costs minutes; keep it to what can tell something
+        return ["baseline", "bf16", "accum", "workers"] + (["act_ckpt"] if blocks else [])
+    out = ["baseline", "tf32", "bf16", "fp16", "compile", "accum", "fused_opt", "workers"]
+    out += (["channels_last"] if conv else []) + (["act_ckpt"] if blocks else [])
+    return out + ["all"]
+
+
+def _run(args: list[str], log: Path) -> int:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as f:
+        return subprocess.run([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,
+              converge: bool = False, compare: list[str] = ()) -> dict:
+    cfg = load_config(config, overrides)
+    on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+    if converge and cfg.data.name == "synthetic":
+        raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
+    variants = variants or default_variants(cfg, on_gpu)
+    for v in variants:
+        variant_overrides(v, cfg)  # validate names before running anything
+    out = Path(cfg.run.out_dir) / f"{cfg.run.name}-bench"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for v in variants:
+        runs = []
+        for r in range(repeats):
+            name = f"{cfg.run.name}-bench-{v}" + (f"-r{r}" if repeats > 1 else "")
+            args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
+                    *variant_overrides(v, cfg), f"run.name={name}", "checkpoint.every=0", 'checkpoint.resume="never"']
+            say(f"bench: {v}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+            rc = _run(args, out / f"{name}.log")
+            if rc != 0:
+                tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
+                runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})
+                continue
+            runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
+        rows.append(_row(v, runs, variant_overrides(v, cfg)))
+    for tool in compare:
+        rows.append(_compare_row(tool, config, overrides, cfg, out))
+    _judge(rows, converge)
+    result = {"config": config or "gpt-shakespeare", "overrides": overrides, "device": _device_name(rows),
+              "torch": torch.__version__, "repeats": repeats, "converge": converge,
+              "synthetic_data": cfg.data.name == "synthetic", "steps": cfg.train.steps, "rows": rows}
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    table = format_table(result)
+    (out / "bench.md").write_text(table + "\n")
+    _plot(result, out / "bench.png")
+    print(table)
+    say(f"bench: wrote {out}/bench.json, bench.md, bench.png")
+    return result
+
+
+def _device_name(rows: list[dict]) -> str:
+    return next((r["device"] for r in rows if r.get("device")), "unknown")
+
+
+def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"variant": variant, "error": runs[0]["error"], "overrides": overrides}
+    rates = [r["samples_per_s_median_window"] or r["samples_per_s"] for r in ok if r.get("samples_per_s")]
+    last = ok[-1]
+    rate = statistics.median(rates) if rates else None
+    tokens = rate * (last["tokens_per_s"] / last["samples_per_s"]) if rate and last.get("tokens_per_s") else None
+    return {"variant": variant, "samples_per_s": rate, "tokens_per_s": tokens,
+            "spread": [min(rates), max(rates)] if rates else None,
+            "step_ms": last["global_batch"] / rate * 1e3 if rate else None, "peak_mem_gib": last["peak_mem_gib"],
+            "compile_s": last.get("compile_s"), "final_loss": last.get("final_loss"), "val_loss": last.get("val_loss"),
+            "val_acc": last.get("val_acc"), "mfu": last.get("mfu"), "dtype": last.get("dtype"),
+            "device": last.get("device_name"), "overrides": overrides}
+
+
+def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path) -> dict:
+    """The same model, data and steps through another framework's own best settings (bf16 + compile)."""
+    if tool not in ("accelerate", "fabric"):
+        raise UserError(f"--compare: unknown framework {tool!r}; choose accelerate, fabric")
+    module = {"accelerate": "accelerate", "fabric": "lightning.fabric"}[tool]
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return {"variant": f"{tool} (bf16 + compile)", "skipped": f"{module} is not installed"}
+    name = f"{cfg.run.name}-bench-{tool}"
+    summary = Path(cfg.run.out_dir) / name / "summary.json"
+    say(f"bench: comparator {tool}")
+    rc = _run(["turbotrain.compare", tool, str(summary), *([config] if config else []), *overrides,
+               f"run.name={name}"], out / f"{name}.log")
+    if rc != 0:
+        tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
+        return {"variant": f"{tool} (bf16 + compile)", "error": f"exit {rc}: {' | '.join(tail)[:300]}"}
+    return _row(f"{tool} (bf16 + compile)", [json.loads(summary.read_text())], [])
+
+
+def _judge(rows: list[dict], converge: bool) -> None:
+    base = next((r for r in rows if r["variant"] == "baseline" and r.get("samples_per_s")), None)
+    for r in rows:
+        if not r.get("samples_per_s") or base is None:
+            continue
+        r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+        r["mem_saving"] = 1 - r["peak_mem_gib"] / base["peak_mem_gib"] if base["peak_mem_gib"] else None
+        notes = []
+        if r is not base and r["speedup"] < 0.97:
+            notes.append(f"slower than baseline ({r['speedup']:.2f}x)")
+        if base.get("val_loss") is not None and r.get("val_loss") is not None:
+            r["val_loss_delta"] = r["val_loss"] / base["val_loss"] - 1
+            tol = 0.01 if converge else 0.05
+            if r["val_loss_delta"] > tol:
+                notes.append(f"hurts convergence (val loss {r['val_loss_delta']:+.1%})")
+        if base.get("val_acc") is not None and r.get("val_acc") is not None:
+            r["val_acc_delta_pt"] = 100 * (r["val_acc"] - base["val_acc"])
+            if converge and r["val_acc_delta_pt"] < -0.3:
+                notes.append(f"hurts accuracy ({r['val_acc_delta_pt']:+.2f} pt)")
+        if converge and r is not base:
+            notes.append("parity held" if not any("hurts" in n for n in notes) else "parity missed")
+        r["verdict"] = "; ".join(notes) or "ok"
+
+
+def format_table(result: dict) -> str:
+    unit = "tok/s" if any(r.get("tokens_per_s") for r in result["rows"]) else "samples/s"
+    head = (f"Device: {result['device']}, torch {result['torch']}, {result['steps']} steps"
+            + (", synthetic data" if result["synthetic_data"] else "") + f", median of {result['repeats']} run(s)")
+    lines = [head, "", f"| variant | {unit} | speedup | step ms | peak GiB | memory saved | compile s | loss | val loss "
+             f"| val acc | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "skipped" in r or "error" in r:
+            lines.append(f"| {r['variant']} | {r.get('skipped') or r.get('error')[:60]} | | | | | | | | | |")
+            continue
+        rate = r["tokens_per_s"] or r["samples_per_s"]
+        f = lambda v, fmt: format(v, fmt) if v is not None else "—"  # noqa: E731
+        lines.append(f"| {r['variant']} | {rate:,.0f} | {f(r.get('speedup'), '.2f')}x | {f(r['step_ms'], '.1f')} | "
+                     f"{f(r['peak_mem_gib'], '.2f')} | {f(r.get('mem_saving'), '.0%')} | {f(r['compile_s'], '.1f')} | "
+                     f"{f(r['final_loss'], '.4f')} | {f(r['val_loss'], '.4f')} | {f(r['val_acc'], '.2%')} | "
+                     f"{r.get('verdict', '')} |")
+    return "\n".join(lines)
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("speedup") is not None]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["variant"] for r in rows]
+    ax1.barh(names, [r["speedup"] for r in rows], color="tab:blue")
+    ax1.axvline(1.0, color="gray", lw=1)
+    ax1.set_xlabel("speedup vs baseline (x)")
+    ax2.barh(names, [r["peak_mem_gib"] for r in rows], color="tab:orange")
+    ax2.set_xlabel("peak memory (GiB)")
+    for ax in (ax1, ax2):
+        ax.invert_yaxis()
+    fig.suptitle(f"turbotrain bench — {result['config']} on {result['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
