@@ -32,6 +32,11 @@ gpt-compile)
   tt tt_preset gpt2-124m
   tt tt_bf16_compile_ro_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0
   tt tt_bf16_compile_default_noclip gpt2-124m precision.dtype=bf16 train.grad_clip=0.0 compile.mode=default ;;
+gpt-attn)
+  tt tt_preset gpt2-124m
+  tt tt_noclip gpt2-124m train.grad_clip=0.0
+  tt tt_noclip_flash gpt2-124m train.grad_clip=0.0 kernels.attention=default
+  tt tt_bf16_eager gpt2-124m compile.enabled=false ;;
 gpt)
   tt tt_fp32_eager gpt2-124m precision.dtype=fp32 compile.enabled=false train.steps=30
   tt tt_bf16_eager gpt2-124m precision.dtype=bf16 compile.enabled=false

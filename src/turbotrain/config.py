@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from turbotrain.accel.activation_ckpt import ActCkpt
+from turbotrain.accel.attention import Attention
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.precision import PrecisionConfig
 from turbotrain.checkpoint import CheckpointConfig
@@ -80,6 +81,11 @@ class MemoryConfig:
 
 
 @dataclass
+class KernelsConfig:
+    attention: Attention = "auto"  # SDPA backend order; auto: cuDNN first on Hopper
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -88,6 +94,7 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 

@@ -32,7 +32,8 @@ from turbotrain.config import Config
 from turbotrain.distributed.env import shutdown
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
-from turbotrain.trainer import Setup, build, peak_mem_gib, sync, train_step
+from turbotrain.accel.attention import attention_backend
+from turbotrain.trainer import Setup, build, peak_mem_gib, resolve_device, sync, train_step
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
 
@@ -186,9 +187,9 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
     total = n_warm + wait + warmup + active
     cfg = replace(cfg, train=replace(cfg.train, steps=max(total, cfg.train.steps)),
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
-    s = build(cfg)
     try:
-        return _profile(s, n_warm, wait, warmup, active)
+        with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
+            return _profile(build(cfg), n_warm, wait, warmup, active)
     finally:
         phases.enable(False)
         shutdown()

@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, default_collate
 
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
+from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import apply_compile, compile_stats, disable_compile, is_compile_error
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
@@ -347,8 +348,9 @@ def train(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     """Train per `cfg`; returns the summary (also written to summary.json by rank 0)."""
     t_start = time.perf_counter()
     try:
-        s = build(cfg, model, train_data, val_data, loss_fn)
-        return _loop(s, t_start)
+        with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
+            s = build(cfg, model, train_data, val_data, loss_fn)
+            return _loop(s, t_start)
     finally:
         shutdown()
 
