@@ -23,7 +23,6 @@ import shutil
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -61,7 +60,7 @@ def _intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def _overlap(iv: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    total, j = 0.0, 0
+    total = 0.0
     for a, b in _intervals_union(iv):
         for c, d in cover:
             lo, hi = max(a, c), min(b, d)

@@ -13,6 +13,7 @@ import random
 import resource
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,7 +38,7 @@ from turbotrain.data.loader import (Batches, StepSampler, build_dataset, eval_ba
                                     resolve_loader_settings, use_device_resident)
 from turbotrain.distributed.ddp import apply_ddp, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean, init_distributed, resolve_strategy, shutdown
-from turbotrain.distributed.fsdp import apply_fsdp
+from turbotrain.distributed.fsdp import apply_fsdp, per_block_units
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
 from turbotrain.monitor.alerts import Alerts
@@ -193,8 +194,9 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     # DDP-wrapped model (dynamo splits its graph at bucket boundaries so the all-reduce overlaps).
     n_ckpt = apply_activation_checkpointing(model, cfg.memory.activation_checkpointing)
     compile_cfg = cfg.compile
-    if strategy == "fsdp" and compile_cfg.enabled and compile_cfg.scope == "model":
-        say("compile: FSDP2 compiles per block (scope=blocks); whole-model compile over FSDP hooks is slower")
+    if strategy == "fsdp" and compile_cfg.enabled and compile_cfg.scope == "model" \
+            and per_block_units(model, cfg.parallel.fsdp_units):
+        say("compile: FSDP2 per-block units compile per block (scope=blocks); a whole-model graph would break at every unit")
         compile_cfg = replace(compile_cfg, scope="blocks")
     if strategy != "none" and compile_cfg.enabled and compile_cfg.mode == "reduce-overhead":
         say("compile: CUDA graphs (reduce-overhead) cannot hold DDP/FSDP collectives; using mode=default")
@@ -327,7 +329,9 @@ class StopRequest:
 
     def __init__(self):
         self.signum = 0
-        self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum

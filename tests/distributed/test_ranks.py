@@ -32,10 +32,11 @@ def single(tmp_path_factory):
     return losses(path, "one")
 
 
-@pytest.mark.parametrize("strategy, micro, accum", [("ddp", 4, 1), ("fsdp", 4, 1), ("ddp", 2, 2), ("fsdp", 2, 2)])
-def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum):
+@pytest.mark.parametrize("strategy, micro, accum, extra", [
+    ("ddp", 4, 1, ""), ("fsdp", 4, 1, "model"), ("fsdp", 4, 1, "blocks"), ("ddp", 2, 2, ""), ("fsdp", 2, 2, "blocks")])
+def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum, extra):
     run(tmp_path, 2, *TINY, "run.name=dist", f"parallel.strategy={strategy}", f"data.batch_size={micro}",
-        f"train.grad_accum={accum}")
+        f"train.grad_accum={accum}", *([f"parallel.fsdp_units={extra}"] if extra else []))
     dist = losses(tmp_path, "dist")
     assert len(dist) == len(single) == 6
     assert dist == pytest.approx(single, rel=1e-4)

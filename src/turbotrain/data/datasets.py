@@ -8,7 +8,6 @@ memory (`data.device_resident`), so feeding a step costs one index op and no hos
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch

@@ -200,10 +200,6 @@ class Batches:
     def __iter__(self):
         return self
 
-    def close(self) -> None:
-        self._it = None
-        self.loader = None
-
 
 def eval_batches(ds: Dataset, micro: int, n_batches: int, rank: int, world: int) -> list[torch.Tensor]:
     """Fixed validation micro-batches (the first n_batches·micro samples), dealt across ranks."""

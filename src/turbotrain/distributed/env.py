@@ -24,6 +24,7 @@ class ParallelConfig:
     static_graph: bool = False  # DDP: same graph every step (lets DDP skip unused-parameter search)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (less memory, one more all-gather)
+    fsdp_units: Literal["auto", "blocks", "model"] = "auto"  # FSDP2 units; auto: per block once blocks are big
     straggler_ratio: float = 1.25  # warn when a rank's own time per step exceeds the others' median by this
 
     def __post_init__(self) -> None:
