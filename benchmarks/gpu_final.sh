@@ -17,5 +17,5 @@ prof() {  # prof LABEL PRESET KEY=VALUE...
   grep -E "Verdict|^\| |^[0-9]\." /tmp/prof/$label/profile/report.md | head -14
 }
 prof gpt2_eager_bf16 gpt2-124m compile.enabled=false
-prof gpt2_compiled gpt2-124m
+prof gpt2_compiled gpt2-124m compile.mode=default
 prof cnn_fashion cnn-fashion

@@ -78,6 +78,20 @@ def _phase_of(evt) -> str | None:
     return None
 
 
+def _kernel_phases(events, device_evts, kernels) -> list[str | None]:
+    """The phase of each device kernel: the GPU-side span of a phase range (kineto's gpu_user_annotation)
+    that holds it, else the phase of the CPU op that launched it (linked by correlation id)."""
+    spans = [(e.time_range.start, e.time_range.end, e.name[len(phases.PREFIX):])
+             for e in device_evts if e.name.startswith(phases.PREFIX)]
+    launched = {e.id: _phase_of(e) for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    out = []
+    for e in kernels:
+        mid = (e.time_range.start + e.time_range.end) / 2
+        ph = next((name for a, b, name in spans if a <= mid <= b), None)
+        out.append(ph or launched.get(getattr(e, "linked_correlation_id", -1)))
+    return out
+
+
 def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dict, list[dict]]:
     """Per-step seconds of each part, and the top ops by self time."""
     per = {k: 0.0 for k in PARTS}
@@ -91,24 +105,29 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
                 per[name] += e.cpu_time_total / 1e6
     if on_gpu:
         comm, compute = [], []
-        for e in device_evts:
+        kernels = [e for e in device_evts if not e.name.startswith(phases.PREFIX)]
+        unattributed = 0.0
+        for e, ph in zip(kernels, _kernel_phases(events, device_evts, kernels)):
             span = (e.time_range.start, e.time_range.end)
-            cls = op_class(e.name)
-            if cls == "communication":
+            if op_class(e.name) == "communication":
                 comm.append(span)
                 continue
             compute.append(span)
             if "memcpy htod" in e.name.lower():
-                per["h2d_copy"] += e.device_time / 1e6 if hasattr(e, "device_time") else (span[1] - span[0]) / 1e6
+                per["h2d_copy"] += (span[1] - span[0]) / 1e6
                 continue
-            ph = _phase_of(e)
             if ph in ("forward", "backward", "optimizer"):
                 per[ph] += (span[1] - span[0]) / 1e6
             # kernels launched outside a phase (e.g. the resident-data gather) count as data work
             elif ph == "data":
                 per["h2d_copy"] += (span[1] - span[0]) / 1e6
+            else:
+                unattributed += (span[1] - span[0]) / 1e6
         comm_u = _intervals_union(comm)
         per["exposed_comm"] = (sum(b - a for a, b in comm_u) - _overlap(comm_u, _intervals_union(compute))) / 1e6
+        if unattributed > 0.05 * sum(per.values()):
+            say(f"profile: {unattributed / n_steps * 1e3:.2f} ms/step of kernels could not be tied to a phase; "
+                "they count as host overhead")
     per = {k: v / n_steps for k, v in per.items()}
     measured = sum(v for k, v in per.items() if k != "host_overhead")
     per["host_overhead"] = max(0.0, step_wall_s - measured)
