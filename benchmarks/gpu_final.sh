@@ -19,3 +19,4 @@ prof() {  # prof LABEL PRESET KEY=VALUE...
 prof gpt2_eager_bf16 gpt2-124m compile.enabled=false
 prof gpt2_compiled gpt2-124m compile.mode=default
 prof cnn_fashion cnn-fashion
+CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/integration/test_profile.py -k gpu 2>&1 | tail -3
