@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 from dataclasses import dataclass
@@ -138,6 +139,16 @@ class Checkpointer:
         self._barrier()
         return final
 
+    def set_aside_old(self) -> None:
+        """Move an earlier run's checkpoints to checkpoints.old-N (kept, never deleted)."""
+        if not self.list():
+            return
+        n = 1
+        while (dest := self.dir.with_name(f"checkpoints.old-{n}")).exists():
+            n += 1
+        os.replace(self.dir, dest)
+        say(f"checkpoint: starting fresh; the earlier checkpoints were moved to {dest}")
+
     def _prune(self) -> None:
         for old in self.list()[:-self.cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -187,7 +198,11 @@ class Checkpointer:
     def load(self, path: Path, model: nn.Module, opt, sched, scaler, expect: dict) -> int:
         meta = json.loads((path / "meta.json").read_text())
         self._check_compatible(path, meta, expect)
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            raise UserError(f"checkpoint {path}: state.pt holds more than tensors and plain data; refusing to "
+                            f"unpickle it ({type(e).__name__})") from None
         if meta["sharded"]:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -203,8 +218,11 @@ class Checkpointer:
         scaler.load_state_dict(state["scaler"])
         rank_file = path / f"rng-rank{self.rank}.pt"
         if rank_file.exists():
-            _set_rng_state(torch.load(rank_file, weights_only=True),
-                           json.loads((path / f"rng-rank{self.rank}.json").read_text()))
+            try:
+                tensors = torch.load(rank_file, weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError) as e:
+                raise UserError(f"checkpoint {path}: {rank_file.name} is not a plain tensor file ({type(e).__name__})") from None
+            _set_rng_state(tensors, json.loads((path / f"rng-rank{self.rank}.json").read_text()))
         return int(meta["step"])
 
     def _check_compatible(self, path: Path, meta: dict, expect: dict) -> None:

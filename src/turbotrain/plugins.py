@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from turbotrain.errors import UserError
@@ -31,9 +32,11 @@ def load_object(spec: str, key: str) -> Any:
 
 def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
     """Call a user factory; a wrong keyword becomes a config error naming the section's args."""
-    try:
-        return fn(*args, **kwargs)
+    try:  # check the call against the signature only: a TypeError inside the user's code stays theirs
+        inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
-        if "argument" in str(e):
-            raise UserError(f"{key}: {e} (check [{key.split('.')[0]}.args])") from None
-        raise
+        name = getattr(fn, "__name__", "factory")
+        raise UserError(f"{key}: {name}() {e} (check [{key.split('.')[0]}.args])") from None
+    except ValueError:  # no signature to check (some builtins)
+        pass
+    return fn(*args, **kwargs)

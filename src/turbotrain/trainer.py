@@ -182,6 +182,7 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
 
     micro, accum, world = cfg.data.batch_size, cfg.train.grad_accum, env.world_size
+    sampler = StepSampler(len(train_ds), micro, accum, env.rank, world, cfg.run.seed)  # refuses too-small data
     sample = _first_batch(train_ds, device)
     tokens = sample[0].shape[1] if sample[0].dim() == 2 and not sample[0].is_floating_point() else None
     with precision.autocast(dtype, device):  # counted before checkpointing: recompute is not model FLOPs
@@ -217,6 +218,13 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
 
     ckpt = Checkpointer(cfg.checkpoint, run_dir, env.rank, world, sharded=strategy == "fsdp")
     start_step, resumed = 0, ckpt.find_resume()
+    if resumed is None and env.is_main:
+        ckpt.set_aside_old()  # a fresh run must not mix (or prune) an earlier run's checkpoints
+    if cfg.checkpoint.every:
+        try:
+            ckpt.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"checkpoint: cannot create {ckpt.dir} ({e.strerror})") from None
     if resumed is not None:
         start_step = ckpt.load(resumed, model, opt, sched, scaler, {"param_shapes": shapes, "global_batch": micro * accum * world})
         say(f"resumed from step {start_step} ({resumed})")
@@ -226,7 +234,7 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
         raise UserError(f"the checkpoint is at step {start_step}, the run asks for train.steps={t.steps}: nothing to do; "
                         f"raise train.steps or set checkpoint.resume=\"never\"")
 
-    sampler = StepSampler(len(train_ds), micro, accum, env.rank, world, cfg.run.seed, start_step)
+    sampler.start_step = start_step
     resident = use_device_resident(cfg.data, train_ds)
     settings = None if resident else resolve_loader_settings(cfg.data, device, env.local_world_size)
     batches = Batches(train_ds, sampler, device, resident, settings, channels_last)
@@ -253,8 +261,14 @@ def _first_batch(ds: Dataset, device: torch.device):
 
 def _trim_metrics(path: Path, step: int) -> None:
     """On resume keep the rows up to the checkpoint's step: the steps after it are redone."""
-    rows = path.read_text().splitlines() if path.exists() else []
-    kept = [r for r in rows if r.strip() and json.loads(r).get("step", 0) <= step] if step else []
+    kept = []
+    for line in (path.read_text().splitlines() if path.exists() and step else []):
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut short by a crash mid-write
+            continue
+        if row.get("step", 0) <= step:
+            kept.append(line)
     path.write_text("".join(r + "\n" for r in kept))
 
 
@@ -390,7 +404,7 @@ def _loop(s: Setup, t_start: float) -> dict:
                 if every:
                     s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
                 raise Stopped(stop.signum, done)
-            if every and done % every == 0 and done < t.steps:
+            if every and done % every == 0 and done < t.steps and _finite(s, loss, grad_norm):  # sync point
                 s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
     except Stopped as e:
         say(f"{e}; " + ("checkpoint saved — rerun the same command to resume" if every else
@@ -409,6 +423,17 @@ def _loop(s: Setup, t_start: float) -> dict:
         + (f", val_loss {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else "")
         + f" → {s.run_dir}")
     return summary
+
+
+def _finite(s: Setup, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> bool:
+    """A checkpoint of NaN weights would poison every resume: skip the save on a non-finite step
+    (decided together, so every rank saves or none does)."""
+    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    bad = not math.isfinite(loss.item()) or (norm is not None and not math.isfinite(norm.item()))
+    ok = all_mean([float(bad)], s.device)[0] == 0
+    if not ok:
+        say("warning: non-finite loss or gradients at a checkpoint step; checkpoint skipped")
+    return ok
 
 
 def _agreed_stop(stop: StopRequest, s: Setup, check: bool) -> bool:

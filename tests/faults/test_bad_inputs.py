@@ -97,9 +97,7 @@ CASES = [
          ["4 samples", "global batch of 8", "data.batch_size"]),
     case("dataset-smaller-than-accumulated-batch", [BASE, "data.args.n=12", "train.grad_accum=2"],
          ["12 samples", "global batch of 16", "grad_accum 2"]),
-    case("dataset-empty", [BASE, "data.args.n=0"], ["0 samples"], marks=pytest.mark.xfail(
-        strict=True, reason="BUG trainer.py build -> _first_batch (trainer.py:241-243): default_collate([]) on an empty "
-        "dataset raises IndexError (exit 1, traceback) before StepSampler's 'fewer than one global batch' check")),
+    case("dataset-empty", [BASE, "data.args.n=0"], ["0 samples"]),
     case("loss-function-missing", [BASE, 'train.loss="faultpkg.models:nope_loss"'], ["train.loss", "nope_loss"]),
     case("loss-module-missing", [BASE, 'train.loss="faultpkg.nolosses:l1"'], ["train.loss", "faultpkg.nolosses"]),
     case("loss-not-callable", [BASE, 'train.loss="faultpkg.models:CONSTANT"'], ["train.loss", "not callable"]),
@@ -129,10 +127,7 @@ CASES = [
     # ------------------------------------------------ run dir
     case("out-dir-under-a-file", [BASE, "run.out_dir={tmp}/afile/runs"], ["run.out_dir", "afile"], _file_in_the_way),
     case("run-name-with-slash", [BASE, 'run.name="a/b"'], ["run.name", "a/b"]),
-    case("checkpoints-dir-is-a-file", [BASE, "checkpoint.every=2"], ["checkpoint"], _checkpoints_is_a_file,
-                 marks=pytest.mark.xfail(strict=True, reason="BUG checkpoint.py Checkpointer.save: only run_dir is "
-                 "checked for writability (trainer.build); {run_dir}/checkpoints blocked by a file raises "
-                 "NotADirectoryError at the first save (exit 1, traceback, after `every` steps of work)")),
+    case("checkpoints-dir-is-a-file", [BASE, "checkpoint.every=2"], ["checkpoint"], _checkpoints_is_a_file),
     # ------------------------------------------------ checkpoint settings
     case("checkpoint-every-negative", [BASE, "checkpoint.every=-1"], ["checkpoint.every", "-1"]),
     case("checkpoint-every-float", [BASE, "checkpoint.every=2.5"], ["checkpoint.every", "integer"]),
@@ -195,10 +190,6 @@ def test_nan_midway_stops_with_exit_2_and_keeps_earlier_checkpoints(tmp_path, ca
     assert not (run_dir / "summary.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG trainer.py _loop: the periodic checkpoint is saved whatever the loss; "
-                   "at a step whose loss is already NaN (streak < train.max_bad_steps) the weights are NaN and that "
-                   "checkpoint becomes the latest 'good' one, so auto-resume (e.g. after lowering train.lr as the "
-                   "error suggests) restarts from poisoned weights")
 def test_nan_stop_leaves_no_poisoned_checkpoint(tmp_path, capsys):
     rc, out, err = run_main(capsys, [BASE, f"run.out_dir={lit(tmp_path)}", 'model.name="faultpkg.models:nan_after"',
                                      "model.args.after=6", "train.steps=20", "checkpoint.every=2",
