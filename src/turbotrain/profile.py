@@ -78,17 +78,34 @@ def _phase_of(evt) -> str | None:
     return None
 
 
+def _is_annotation(e) -> bool:
+    """Ranges (ours, the optimizer's `Optimizer.step#...`), not work."""
+    return e.name.startswith(phases.PREFIX) or bool(getattr(e, "is_user_annotation", False)) \
+        or e.name.startswith("Optimizer.")
+
+
 def _kernel_phases(events, device_evts, kernels) -> list[str | None]:
-    """The phase of each device kernel: the GPU-side span of a phase range (kineto's gpu_user_annotation)
-    that holds it, else the phase of the CPU op that launched it (linked by correlation id)."""
+    """The phase of each device kernel, by when it was launched: the CUDA runtime call that launched it
+    (same correlation id) falls inside one phase's host range — whatever thread launched it (backward
+    runs on autograd's thread while the main thread sits in the backward range). Fallbacks: the GPU-side
+    span of a phase range (gpu_user_annotation), then the phase of the op linked to the kernel."""
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    ranges = sorted((e.time_range.start, e.time_range.end, e.name[len(phases.PREFIX):])
+                    for e in cpu if e.name.startswith(phases.PREFIX))
+    launch = {e.id: e.time_range.start for e in cpu if e.name.startswith(("cuda", "cu")) and "Launch" in e.name}
     spans = [(e.time_range.start, e.time_range.end, e.name[len(phases.PREFIX):])
              for e in device_evts if e.name.startswith(phases.PREFIX)]
-    launched = {e.id: _phase_of(e) for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    linked = {e.id: _phase_of(e) for e in cpu}
+
+    def inside(t: float | None, table) -> str | None:
+        if t is None:
+            return None
+        return next((name for a, b, name in table if a <= t <= b), None)
+
     out = []
-    for e in kernels:
-        mid = (e.time_range.start + e.time_range.end) / 2
-        ph = next((name for a, b, name in spans if a <= mid <= b), None)
-        out.append(ph or launched.get(getattr(e, "linked_correlation_id", -1)))
+    for k in kernels:
+        ph = inside(launch.get(k.id), ranges) or inside((k.time_range.start + k.time_range.end) / 2, spans)
+        out.append(ph or linked.get(getattr(k, "linked_correlation_id", -1)))
     return out
 
 
@@ -105,7 +122,7 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
                 per[name] += e.cpu_time_total / 1e6
     if on_gpu:
         comm, compute = [], []
-        kernels = [e for e in device_evts if not e.name.startswith(phases.PREFIX)]
+        kernels = [e for e in device_evts if not _is_annotation(e)]
         unattributed = 0.0
         for e, ph in zip(kernels, _kernel_phases(events, device_evts, kernels)):
             span = (e.time_range.start, e.time_range.end)
@@ -135,7 +152,7 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
     # top ops by self time: device kernels on a GPU, host ops on a CPU
     agg: dict[str, float] = {}
     for e in (device_evts if on_gpu else events):
-        if e.name.startswith(phases.PREFIX) or e.name.startswith("ProfilerStep"):
+        if _is_annotation(e) or e.name.startswith("ProfilerStep"):
             continue
         t = (e.time_range.end - e.time_range.start) if on_gpu else e.self_cpu_time_total
         agg[e.name] = agg.get(e.name, 0.0) + t
@@ -233,7 +250,6 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
         one_step()
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(s.device)
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     phases.enable(True)
     times = []
@@ -248,6 +264,9 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
     if on_gpu:
         memory["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(s.device) / 2**30, 3)
         memory["device_total_gib"] = round(torch.cuda.get_device_properties(s.device).total_memory / 2**30, 1)
+        # one more step with allocation history on, after the timed ones (recording slows the host)
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        one_step()
         torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
         torch.cuda.memory._record_memory_history(enabled=None)
         memory["snapshot"] = "memory_snapshot.pickle (open at https://pytorch.org/memory_viz)"
