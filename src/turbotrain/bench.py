@@ -21,6 +21,7 @@ import torch
 from turbotrain.accel.compile import find_blocks
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
+from turbotrain.files import write_report
 from turbotrain.monitor.log import say
 
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
@@ -105,11 +106,8 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "device": _device_name(rows),
               "torch": torch.__version__, "repeats": repeats, "converge": converge,
               "synthetic_data": cfg.data.name == "synthetic", "steps": cfg.train.steps, "rows": rows}
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    table = format_table(result)
-    (out / "bench.md").write_text(table + "\n")
     _plot(result, out / "bench.png")
-    print(table)
+    write_report(out, "bench", result, format_table(result))
     say(f"bench: wrote {out}/bench.json, bench.md, bench.png")
     return result
 

@@ -14,7 +14,6 @@ runs) and JSON for the rest. The data position needs no state: the sampler is in
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.files import sha256
 from turbotrain.monitor.log import say
 
 
@@ -43,14 +43,6 @@ class CheckpointConfig:
             raise UserError(f"checkpoint.every = {self.every}: must be >= 0 (0 = off)")
         if self.keep < 1:
             raise UserError(f"checkpoint.keep = {self.keep}: must be >= 1")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -128,7 +120,7 @@ class Checkpointer:
         self._barrier()
         if self.rank == 0:
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
-            manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
+            manifest = {str(p.relative_to(tmp)): sha256(p) for p in files}
             meta = {**meta, "step": step, "world_size": self.world_size, "sharded": self.sharded, "manifest": manifest}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
             _fsync_tree(tmp)
@@ -171,7 +163,7 @@ class Checkpointer:
             f = path / rel
             if not f.is_file():
                 return f"{rel} missing"
-            if _sha256(f) != digest:
+            if sha256(f) != digest:
                 return f"checksum mismatch in {rel}"
         return None
 

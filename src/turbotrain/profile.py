@@ -17,7 +17,6 @@ Usage: `turbotrain profile gpt2-124m precision.dtype=bf16 compile.enabled=false`
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import statistics
@@ -29,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from turbotrain.config import Config
 from turbotrain.distributed.env import shutdown
+from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
 from turbotrain.accel.attention import attention_backend
@@ -293,10 +293,7 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
                   "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    md = format_report(report)
-    (out / "report.md").write_text(md + "\n")
-    print(md)
+    write_report(out, "report", report, format_report(report))
     say(f"profile: wrote {out}")
     return report
 

@@ -16,6 +16,7 @@ import torch
 
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
+from turbotrain.files import write_report
 from turbotrain.monitor.log import say
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
@@ -66,10 +67,7 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
               "performance_figure": on_gpu,
               "note": None if on_gpu else "CPU processes over gloo: a wiring check, not a performance figure",
               "torch": torch.__version__, "rows": rows}
-    (out / "scale.json").write_text(json.dumps(result, indent=2))
-    table = format_table(result)
-    (out / "scale.md").write_text(table + "\n")
-    print(table)
+    write_report(out, "scale", result, format_table(result))
     say(f"scale: wrote {out / 'scale.json'}")
     return result
 

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, default_collate
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.attention import attention_backend
-from turbotrain.accel.compile import apply_compile, compile_stats, disable_compile, is_compile_error
+from turbotrain.accel.compile import CompileConfig, apply_compile, compile_stats, disable_compile, is_compile_error
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.checkpoint import Checkpointer, param_shapes
@@ -189,27 +189,8 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
         fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
     shapes = param_shapes(model)
 
-    # The techniques, in this order (torchtitan's): activation checkpointing wraps block forwards first,
-    # so compile traces the recompute regions; per-block compile comes before sharding/wrapping so each
-    # block is one graph with FSDP's hooks outside it; then DDP/FSDP; whole-model compile last, over the
-    # DDP-wrapped model (dynamo splits its graph at bucket boundaries so the all-reduce overlaps).
     n_ckpt = apply_activation_checkpointing(model, cfg.memory.activation_checkpointing)
-    compile_cfg = cfg.compile
-    if strategy == "fsdp" and compile_cfg.enabled and compile_cfg.scope == "model" \
-            and per_block_units(model, cfg.parallel.fsdp_units):
-        say("compile: FSDP2 per-block units compile per block (scope=blocks); a whole-model graph would break at every unit")
-        compile_cfg = replace(compile_cfg, scope="blocks")
-    if strategy != "none" and compile_cfg.enabled and compile_cfg.mode == "reduce-overhead":
-        say("compile: CUDA graphs (reduce-overhead) cannot hold DDP/FSDP collectives; using mode=default")
-        compile_cfg = replace(compile_cfg, mode="default")
-    compiled = apply_compile(model, compile_cfg) if compile_cfg.scope == "blocks" else []
-    if strategy == "ddp":
-        model = apply_ddp(model, device, cfg.parallel)
-    elif strategy == "fsdp":
-        model = apply_fsdp(model, device, world, dtype, cfg.parallel)
-    step_module = WithLoss(model, loss_fn)
-    if compile_cfg.scope == "model":
-        compiled = apply_compile(step_module, compile_cfg)
+    model, step_module, compiled, compile_cfg = parallelize(model, loss_fn, cfg, strategy, device, world, dtype)
 
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
@@ -251,6 +232,32 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
         f"global batch {micro * accum * world} = micro {micro} x accum {accum} x world {world} | data: {info['data_path']}")
     return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, opt, sched, scaler,
                  batches, val_ds, ckpt, start_step, fps, source, peak_flops(device, dtype), tokens, info)
+
+
+def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy: str, device: torch.device,
+                world: int, dtype: str) -> tuple[nn.Module, WithLoss, list[nn.Module], CompileConfig]:
+    """Compile and data parallelism, in this order (torchtitan's), after activation checkpointing has
+    wrapped the block forwards (so compile traces the recompute regions):
+    1. per-block compile, before sharding/wrapping, so each block is one graph;
+    2. DDP or FSDP2;
+    3. whole-model compile last, over the DDP-wrapped model: dynamo splits the graph at bucket
+       boundaries, so each bucket's all-reduce overlaps the rest of backward."""
+    c = cfg.compile
+    if strategy == "fsdp" and c.enabled and c.scope == "model" and per_block_units(model, cfg.parallel.fsdp_units):
+        say("compile: FSDP2 per-block units compile per block (scope=blocks); a whole-model graph would break at every unit")
+        c = replace(c, scope="blocks")
+    if strategy != "none" and c.enabled and c.mode == "reduce-overhead":
+        say("compile: CUDA graphs (reduce-overhead) cannot hold DDP/FSDP collectives; using mode=default")
+        c = replace(c, mode="default")
+    compiled = apply_compile(model, c) if c.scope == "blocks" else []
+    if strategy == "ddp":
+        model = apply_ddp(model, device, cfg.parallel)
+    elif strategy == "fsdp":
+        model = apply_fsdp(model, device, world, dtype, cfg.parallel)
+    step_module = WithLoss(model, loss_fn)
+    if c.scope == "model":
+        compiled = apply_compile(step_module, c)
+    return model, step_module, compiled, c
 
 
 def _first_batch(ds: Dataset, device: torch.device):

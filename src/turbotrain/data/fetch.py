@@ -6,7 +6,6 @@ renamed into place, so an interrupted fetch never leaves a half-made cache.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from turbotrain.errors import UserError
+from turbotrain.files import sha256
 from turbotrain.monitor.log import say
 
 
@@ -51,14 +51,6 @@ FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TURBOTRAIN_CACHE", "~/.cache/turbotrain")).expanduser()
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _verified(path: Path, src: Source) -> Path:

@@ -1,0 +1,21 @@
+"""File helpers shared by data fetching, checkpoints and the reports of bench/profile/scale."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_report(folder: Path, stem: str, data: dict, markdown: str) -> None:
+    """{stem}.json and {stem}.md side by side, and the markdown on the console."""
+    (folder / f"{stem}.json").write_text(json.dumps(data, indent=2))
+    (folder / f"{stem}.md").write_text(markdown + "\n")
+    print(markdown)
