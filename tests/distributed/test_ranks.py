@@ -63,3 +63,23 @@ def test_scale_writes_both_rows(tmp_path):
     assert [row["world_size"] for row in rows] == [1, 2]
     assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"]
     assert result["performance_figure"] is False and "not a performance figure" in r.stdout
+
+
+def test_fsdp_sharded_checkpoint_resumes_exactly_and_reshards(tmp_path):
+    """FSDP2 checkpoints go through torch.distributed.checkpoint: a 2-rank run resumes bit-exactly, and
+    the same checkpoint loads into 1 rank (resharded) with the same global batch."""
+    common = [*TINY, "train.schedule=constant", "train.warmup_steps=0", "checkpoint.every=4",
+              "parallel.strategy=fsdp"]
+    run(tmp_path, 2, *common, "run.name=whole", "train.steps=12", "data.batch_size=4")
+    run(tmp_path, 2, *common, "run.name=parts", "train.steps=8", "data.batch_size=4")
+    assert (tmp_path / "parts" / "checkpoints" / "step-00000008" / "dcp").is_dir()
+    r = run(tmp_path, 2, *common, "run.name=parts", "train.steps=12", "data.batch_size=4")
+    assert "resumed from step 8" in r.stdout
+    assert losses(tmp_path, "parts") == losses(tmp_path, "whole")
+    one = tmp_path / "one" / "checkpoints"
+    one.mkdir(parents=True)
+    import shutil
+    shutil.copytree(tmp_path / "parts" / "checkpoints" / "step-00000008", one / "step-00000008")
+    r = run(tmp_path, 1, *common, "run.name=one", "train.steps=12", "data.batch_size=8")
+    assert "resumed from step 8" in r.stdout
+    assert losses(tmp_path, "one") == pytest.approx(losses(tmp_path, "whole")[8:], rel=1e-5)
