@@ -1,6 +1,7 @@
 """2 gloo ranks on a CPU through torchrun: DDP and FSDP2 equal one process; stragglers are named."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,18 @@ def run(tmp_path, nproc, *args, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"] if nproc else \
           [sys.executable, "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    for attempt in range(2):  # a rare gloo hang on a loaded 2-core machine: kill the group, try once more
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=240)
+            break
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if attempt:
+                raise
+    r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
 
