@@ -17,17 +17,15 @@ def run(tmp_path, nproc, *args, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"] if nproc else \
           [sys.executable, "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"]
-    for attempt in range(2):  # a rare gloo hang on a loaded 2-core machine: kill the group, try once more
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=240)
-            break
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            if attempt:
-                raise
+    # a hang must fail fast (and take its ranks with it), not eat the CI budget
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[3:6])} hung for 240 s\n{out[-2000:]}{err[-3000:]}")
     r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r

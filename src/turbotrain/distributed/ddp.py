@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch import nn
@@ -17,8 +18,26 @@ def apply_ddp(model: nn.Module, device: torch.device, cfg: ParallelConfig) -> DD
     if cfg.sync_batchnorm and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         say("ddp: BatchNorm layers synchronized across ranks (SyncBatchNorm)")
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-               bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True, static_graph=cfg.static_graph)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True, static_graph=cfg.static_graph)
+    _LIVE.add(ddp)
+    return ddp
+
+
+_LIVE: "weakref.WeakSet[DDP]" = weakref.WeakSet()
+
+
+def release_reducers() -> None:
+    """Drop every live DDP's reducer; call before destroying the process group.
+
+    The reducer holds the process group from C++ and is freed with the GIL held. Were it the group's last
+    holder, gloo's destructor would join its worker threads while one of them waits for the GIL to free
+    a finished all-reduce's tensors: a deadlock at exit (seen as a rare hang of 2-rank CPU runs). Freed
+    here, while the group is still registered, the reducer is never the last holder."""
+    for ddp in list(_LIVE):
+        for attr in ("logger", "reducer"):  # the logger keeps the reducer alive too
+            ddp.__dict__.pop(attr, None)
+    _LIVE.clear()
 
 
 @contextlib.contextmanager

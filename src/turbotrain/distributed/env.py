@@ -94,5 +94,9 @@ def all_gather_floats(value: float, device: torch.device) -> list[float]:
 
 
 def shutdown() -> None:
+    """Leave the process group. DDP's reducers go first (see ddp.release_reducers: a deadlock otherwise)."""
+    from turbotrain.distributed.ddp import release_reducers  # ddp imports this module
+
+    release_reducers()
     if dist.is_initialized():
         dist.destroy_process_group()
