@@ -249,6 +249,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy:
     if strategy != "none" and c.enabled and c.mode == "reduce-overhead":
         say("compile: CUDA graphs (reduce-overhead) cannot hold DDP/FSDP collectives; using mode=default")
         c = replace(c, mode="default")
+    if strategy == "none" and cfg.parallel.grad_compression != "none":
+        say("parallel.grad_compression: one process has no gradients to reduce; ignored")
     compiled = apply_compile(model, c) if c.scope == "blocks" else []
     if strategy == "ddp":
         model = apply_ddp(model, device, cfg.parallel)

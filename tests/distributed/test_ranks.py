@@ -54,6 +54,16 @@ def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum, e
     assert summary["world_size"] == 2 and summary["strategy"] == strategy and summary["global_batch"] == 8
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_bf16_gradient_compression_stays_close(tmp_path, single, strategy):
+    """Gradients reduced in bf16 (DDP comm hook / FSDP2 reduce dtype): close to the fp32 run, not equal."""
+    run(tmp_path, 2, *TINY, "run.name=dist", f"parallel.strategy={strategy}", "data.batch_size=4",
+        'parallel.grad_compression="bf16"')
+    dist = losses(tmp_path, "dist")
+    assert dist == pytest.approx(single, rel=1e-2)
+    assert dist != single  # the reduction did run in bf16
+
+
 def test_straggler_is_named(tmp_path):
     env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = run(tmp_path, 2, "mlp-seed", "model.name=\"slowpkg:build_model\"", "data.name=\"slowpkg:build_data\"",

@@ -3,8 +3,9 @@
 Units: with big blocks each repeated block is its own FSDP unit (its all-gather overlaps the previous
 block's compute), then the root takes the rest. With small blocks the per-unit hooks cost more host time
 than the block computes (GPT-2 124M: 7M parameters a block, FSDP per block ran at half DDP's speed), so
-"auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block. Mixed precision through MixedPrecisionPolicy: bf16/fp16
-params for compute, fp32 gradient reduction, fp32 sharded master weights.
+"auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block.
+Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
+with parallel.grad_compression="bf16"), fp32 sharded master weights.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, dtype: s
     """Shard per block (or as one unit), then the root. Usage: `model = apply_fsdp(model, device, 8, "bf16", cfg)`."""
     mesh = init_device_mesh(device.type, (world_size,))
     param_dtype = autocast_dtype(dtype)
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = find_blocks(model)
     if not per_block_units(model, cfg.fsdp_units):
         say("fsdp: sharding the model as one unit" + (" (no repeated blocks)" if blocks is None else

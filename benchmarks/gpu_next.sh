@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU runs still owed to issues #3 (2-GPU targets), #5 (GPU profiles, advice followed) and #6 (full
+# benches), in three calls sized to fit one session's 30 device-minutes with the machine starts.
+#
+#   here, once (no device time):   bash benchmarks/gpu_next.sh prepare      # .anchors and .data (both ignored)
+#   call 1, nvidia-h200 (~9 min):  bash benchmarks/gpu_next.sh bench        # carry .anchors .data
+#   call 2, nvidia-h200 (~7 min):  bash benchmarks/gpu_next.sh converge profile
+#   call 3, nvidia-h200-x2 (~9 min): bash benchmarks/gpu_next.sh scale
+#   wiring check on a CPU first:   DRY=1 bash benchmarks/gpu_next.sh bench converge profile scale
+#
+# Each part writes under $OUT (bench.json/md/png, report.json/md, scale.json, anchors.jsonl) and prints
+# its table last. DRY=1 shrinks every model and step count and runs on the CPU: it checks that every
+# command and file path works, its numbers mean nothing.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export PYTHONPATH=$ROOT/src PYTHONUNBUFFERED=1 TURBOTRAIN_CACHE=$ROOT/.data
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/runs}; mkdir -p "$OUT" "$RUNS"
+PY=${PY:-python3}
+tt() { $PY -m turbotrain "$@"; }
+
+if [ "${DRY:-0}" = 1 ]; then  # tiny shapes on the CPU: wiring only
+  GPT2=(model.args.n_layer=2 model.args.n_head=2 model.args.n_embd=64 model.args.block_size=64
+        data.args.seq_len=64 data.args.size=64 data.batch_size=4 compile.mode=default run.device=\"cpu\")
+  RESNET=(model.args.depth=18 "data.args.shape=[3,32,32]" data.batch_size=8 data.args.size=64 run.device=\"cpu\")
+  SMALL=(train.steps=6 train.log_every=2 train.eval_every=0)
+  CPU=(run.device=\"cpu\"); FASHION=(run.device=\"cpu\" data.batch_size=32); EAGER=precision.dtype=fp32
+else
+  GPT2=(); RESNET=(); SMALL=(); CPU=(); FASHION=(); EAGER=precision.dtype=bf16
+fi
+GPUS=1,2
+bench_copy() {  # bench_copy NAME: the bench's table, json and chart into $OUT
+  cp "$RUNS/$1-bench/bench.json" "$OUT/bench_$1.json"; cp "$RUNS/$1-bench/bench.md" "$OUT/bench_$1.md"
+  cp "$RUNS/$1-bench/bench.png" "$OUT/bench_$1.png" 2>/dev/null; cat "$RUNS/$1-bench/bench.md"; echo
+}
+
+for part in "$@"; do case $part in
+prepare)  # here, before any device call
+  mkdir -p .anchors && cp ../shared/anchors/*.py .anchors/
+  TURBOTRAIN_CACHE=$ROOT/.data $PY -m turbotrain data fetch shakespeare
+  TURBOTRAIN_CACHE=$ROOT/.data $PY -m turbotrain data fetch fashion_mnist
+  du -sh .anchors .data ;;
+bench)  # issue 6: every technique on GPT-2 124M and ResNet-50, Accelerate and Fabric beside them
+  $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee "$OUT/env.txt"
+  tt bench gpt2-124m "${GPT2[@]}" train.steps=${STEPS_GPT:-30} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" \
+     run.name=gpt2 --compare accelerate,fabric > "$OUT/bench_gpt2.log" 2>&1 || tail -5 "$OUT/bench_gpt2.log"
+  bench_copy gpt2
+  tt bench resnet50-synthetic "${RESNET[@]}" train.steps=${STEPS_RESNET:-30} ${SMALL[@]+"${SMALL[@]}"} \
+     run.out_dir="'$RUNS'" run.name=resnet --compare accelerate,fabric > "$OUT/bench_resnet.log" 2>&1 \
+     || tail -5 "$OUT/bench_resnet.log"
+  bench_copy resnet
+  if [ "${DRY:-0}" != 1 ]; then  # the reference scripts in the same call: ratios side by side
+    (cd .anchors && $PY anchor_gpt.py bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile \
+       && $PY anchor_resnet.py bf16_cl_compile fp16_cl) 2>&1 | grep '^{' | tee "$OUT/anchors.jsonl"
+  fi ;;
+converge)  # issue 6: does each technique reach the same loss / accuracy at the same step on real data?
+  tt bench gpt-shakespeare --converge ${SMALL[@]+"${SMALL[@]}"} ${CPU[@]+"${CPU[@]}"} run.out_dir="'$RUNS'" \
+     run.name=shakespeare --variants baseline,tf32,bf16,fp16,compile,accum,all > "$OUT/converge_shakespeare.log" 2>&1 \
+     || tail -5 "$OUT/converge_shakespeare.log"
+  bench_copy shakespeare
+  tt bench cnn-fashion --converge ${SMALL[@]+"${SMALL[@]}"} ${FASHION[@]+"${FASHION[@]}"} \
+     run.out_dir="'$RUNS'" run.name=fashion --variants baseline,tf32,bf16,fp16,channels_last,compile,accum,all \
+     > "$OUT/converge_fashion.log" 2>&1 || tail -5 "$OUT/converge_fashion.log"
+  bench_copy fashion ;;
+profile)  # issue 5: breakdowns, and the first piece of advice for eager bf16 followed and measured
+  prof() {  # prof LABEL PRESET KEY=VALUE...
+    local label=$1; shift
+    tt profile "$@" ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=$label > "$OUT/profile_$label.log" 2>&1 \
+      || { tail -8 "$OUT/profile_$label.log"; return; }
+    cp "$RUNS/$label/profile/report.json" "$OUT/profile_$label.json"; cp "$RUNS/$label/profile/report.md" "$OUT/profile_$label.md"
+  }
+  prof gpt2_eager_bf16 gpt2-124m "${GPT2[@]}" compile.enabled=false $EAGER
+  prof gpt2_compiled gpt2-124m "${GPT2[@]}" compile.mode=default
+  prof cnn_fashion cnn-fashion ${FASHION[@]+"${FASHION[@]}"}
+  advice=$($PY -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['recommendations'][0]['set'] if r['recommendations'] else '')" \
+           "$OUT/profile_gpt2_eager_bf16.json" 2>/dev/null)
+  echo "advice followed: ${advice:-<none>}"
+  base=(gpt2-124m "${GPT2[@]}" compile.enabled=false $EAGER \
+        ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'")
+  tt train "${base[@]}" run.name=before > "$OUT/advice_before.log" 2>&1
+  tt train "${base[@]}" $advice run.name=after > "$OUT/advice_after.log" 2>&1
+  $PY - "$RUNS" "$advice" <<'PY' | tee "$OUT/advice.json"
+import json, sys
+runs, advice = sys.argv[1], sys.argv[2]
+b, a = (json.load(open(f"{runs}/{n}/summary.json")) for n in ("before", "after"))
+print(json.dumps({"advice": advice, "before_samples_per_s": b["samples_per_s"], "after_samples_per_s": a["samples_per_s"],
+                  "speedup": a["samples_per_s"] / b["samples_per_s"], "device": b["device_name"], "torch": b["torch"]}))
+PY
+  for f in "$OUT"/profile_*.md; do echo "== $f"; grep -E "Verdict|^\| |^[0-9]\." "$f" | head -14; done ;;
+scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction, plain DDP anchor beside
+  common=(gpt2-124m "${GPT2[@]}" ${SMALL[@]+"${SMALL[@]}"} train.grad_clip=0.0 compile.mode=default run.out_dir="'$RUNS'")
+  tt scale "${common[@]}" run.name=base --gpus $GPUS --strategies ddp,fsdp > "$OUT/scale_base.log" 2>&1
+  tt scale "${common[@]}" run.name=bf16red 'parallel.grad_compression="bf16"' --gpus $GPUS --strategies ddp,fsdp \
+     > "$OUT/scale_bf16red.log" 2>&1
+  tt scale "${common[@]}" run.name=b100 parallel.bucket_cap_mb=100 --gpus $GPUS --strategies ddp > "$OUT/scale_b100.log" 2>&1
+  for n in base bf16red b100; do
+    cp "$RUNS/$n-scale/scale.json" "$OUT/scale_$n.json" 2>/dev/null && { echo "== $n"; cat "$RUNS/$n-scale/scale.md"; }
+  done
+  if [ "${DRY:-0}" != 1 ]; then
+    (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
+      | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
+  fi ;;
+*) echo "unknown part $part (prepare bench converge profile scale)"; exit 2 ;;
+esac; done
