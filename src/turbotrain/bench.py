@@ -40,16 +40,20 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "bf16": ["precision.dtype=bf16"],
         "fp16": ["precision.dtype=fp16"],
         "compile": ["compile.enabled=true"],
-        "accum": [f"data.batch_size={max(1, b // 2)}", f"train.grad_accum={a * 2 if b > 1 else a}"],
+        "accum": [f"data.batch_size={b // 2}", f"train.grad_accum={a * 2}"],
         "channels_last": ["memory.channels_last=true"],
         "act_ckpt": ['memory.activation_checkpointing="full"'],
         "fused_opt": ['train.optimizer_impl="fused"'],
-        "workers": AUTO_DATA,
+        # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
+        "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
                 'memory.channels_last="auto"', *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
+    if name == "accum" and b % 2:
+        raise UserError(f"--variants accum halves data.batch_size and doubles train.grad_accum (same global batch); "
+                        f"data.batch_size = {b} is odd: use an even one")
     return table[name]
 
 
@@ -62,8 +66,10 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     blocks = find_blocks(model) is not None
     if not on_gpu:  # CPU: no tensor cores, compile costs minutes; keep it to what can tell something
-        return ["baseline", "bf16", "accum", "workers"] + (["act_ckpt"] if blocks else [])
-    out = ["baseline", "tf32", "bf16", "fp16", "compile", "accum", "fused_opt", "workers"]
+        return ["baseline", "bf16"] + (["accum"] if cfg.data.batch_size % 2 == 0 else []) + ["workers"] \
+            + (["act_ckpt"] if blocks else [])
+    out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
+    out += ["fused_opt", "workers"]
     out += (["channels_last"] if conv else []) + (["act_ckpt"] if blocks else [])
     return out + ["all"]
 

@@ -228,6 +228,14 @@ class Checkpointer:
                 f"checkpoint {path} was written with global batch {meta.get('global_batch')} (world size "
                 f"{meta.get('world_size')}); this run has {expect['global_batch']} (world size {self.world_size}): "
                 f"set data.batch_size x train.grad_accum x world size to match, or checkpoint.resume=\"never\"")
+        # optimizer and GradScaler state carry over only to the same optimizer and the same loss scaling
+        if "optimizer" in meta and meta["optimizer"] != expect["optimizer"]:
+            raise UserError(f"checkpoint {path} holds {meta['optimizer']} state; this run asks for train.optimizer = "
+                            f"{expect['optimizer']!r}: use {meta['optimizer']!r}, another run.name, or checkpoint.resume=\"never\"")
+        if "dtype" in meta and (meta["dtype"] == "fp16") != (expect["dtype"] == "fp16"):
+            raise UserError(f"checkpoint {path} was written with precision {meta['dtype']}, this run uses "
+                            f"{expect['dtype']}: fp16's loss-scaler state does not carry over to or from another "
+                            f"precision; keep the precision, or checkpoint.resume=\"never\"")
         if meta.get("sharded") and not self.sharded:
             raise UserError(f"checkpoint {path} is an FSDP (sharded) checkpoint: resume it with parallel.strategy=\"fsdp\"")
         if not meta.get("sharded") and self.sharded:

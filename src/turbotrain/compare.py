@@ -1,5 +1,6 @@
-"""A comparator for `turbotrain bench --compare`: the same model, data, batch and steps trained through
-HF Accelerate or Lightning Fabric with their own best settings (bf16 + compile), timed like ours.
+"""A comparator for `turbotrain bench --compare`: the same model, data, batch, steps, optimizer (type,
+hyperparameters, fused kernel where there is one), LR schedule and clipping trained through HF Accelerate
+or Lightning Fabric with their own best settings (bf16 + compile), timed like ours.
 
 Run by bench in a fresh process: `python -m turbotrain.compare accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
 """
@@ -13,7 +14,9 @@ from pathlib import Path
 import torch
 
 from turbotrain.config import load_config
-from turbotrain.data.loader import Batches, StepSampler, build_dataset, use_device_resident
+from turbotrain.accel.optim import build_optimizer, build_scheduler
+from turbotrain.data.loader import Batches, StepSampler, build_dataset, resolve_loader_settings, use_device_resident
+from turbotrain.errors import UserError
 from turbotrain.models import build_model
 from turbotrain.trainer import data_meta, peak_mem_gib, resolve_device, resolve_loss, seed_all, sync
 
@@ -27,34 +30,43 @@ def main(argv: list[str]) -> int:
     ds = build_dataset(cfg.data, "train")
     model = build_model(cfg.model, **data_meta(ds))
     loss_fn = resolve_loss(cfg.train.loss)
-    micro = cfg.data.batch_size * cfg.train.grad_accum  # their loop: one batch per step, same global batch
-    batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, use_device_resident(cfg.data, ds))
+    t = cfg.train
+    n_warm, steps = min(3, max(1, t.steps // 10)), t.steps
+    if steps <= n_warm:
+        raise UserError(f"train.steps = {steps}: a comparator needs more steps than its {n_warm} warm-up step(s)")
+    micro = cfg.data.batch_size * t.grad_accum  # their loop: one batch per step, same global batch
+    resident = use_device_resident(cfg.data, ds)
+    settings = None if resident else resolve_loader_settings(cfg.data, device)
+    batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, resident, settings)
     bf16 = device.type == "cuda"
+    opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, impl="auto")
     if tool == "accelerate":
         from accelerate import Accelerator
 
         acc = Accelerator(mixed_precision="bf16" if bf16 else "no", dynamo_backend="inductor", cpu=device.type == "cpu")
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         model, opt = acc.prepare(model, opt)
-        backward = acc.backward
+        backward, clip = acc.backward, acc.clip_grad_norm_
     else:
         from lightning.fabric import Fabric
 
         fabric = Fabric(accelerator="cuda" if bf16 else "cpu", devices=1, precision="bf16-mixed" if bf16 else "32-true")
         model = torch.compile(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         model, opt = fabric.setup(model, opt)
         backward = fabric.backward
+        clip = lambda params, max_norm: fabric.clip_gradients(model, opt, max_norm=max_norm)  # noqa: E731
+    sched = build_scheduler(opt, t.warmup_steps, t.steps, t.schedule)
 
     def step() -> torch.Tensor:
         x, y = next(batches)
         loss = model(x, y) if loss_fn is None else loss_fn(model(x), y)
         backward(loss)
+        if t.grad_clip > 0:
+            clip(model.parameters(), t.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sched.step()
         return loss
 
-    n_warm, steps = min(3, max(1, cfg.train.steps // 10)), cfg.train.steps
     t0 = time.perf_counter()
     for _ in range(n_warm):
         step()
@@ -77,4 +89,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    try:
+        raise SystemExit(main(sys.argv[1:]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

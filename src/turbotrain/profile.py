@@ -27,12 +27,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from turbotrain.config import Config
+from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
 from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
 from turbotrain.accel.attention import attention_backend
-from turbotrain.trainer import Setup, build, peak_mem_gib, resolve_device, sync, train_step
+from turbotrain.trainer import Setup, first_train_step, build, peak_mem_gib, resolve_device, sync, train_step
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
 
@@ -175,18 +176,26 @@ def verdict(shares: dict, s: Setup, memory: dict) -> tuple[str, list[dict]]:
     mem_frac = memory.get("peak_allocated_gib", 0) / memory["device_total_gib"] if memory.get("device_total_gib") else 0
     if data >= 0.2:
         kind = "data-bound"
-        workers = s.batches.loader.num_workers if getattr(s.batches, "loader", None) is not None else 0
+        loader = getattr(s.batches, "loader", None)  # None on the device-resident path
+        workers = loader.num_workers if loader is not None else 0
         if not s.batches.resident and workers < max(1, cpus - 1):
             rec(f"data.num_workers={max(2, min(8, cpus - 1))}", f"the step waits for data {data:.0%} of the time "
                 f"with {workers} loader workers; workers prepare batches in parallel", data)
         if on_gpu and not s.batches.resident:
             rec("data.pin_memory=true data.prefetch_factor=4", "pinned, prefetched batches copy asynchronously", data)
-        rec("data.device_resident=true (built-in in-memory datasets)", "a dataset that fits in device memory "
-            "needs no loader at all", data)
+        if loader is not None and isinstance(loader.dataset, TensorDataset):
+            rec("data.device_resident=true", "the dataset is an in-memory tensor set: kept on the device it needs "
+                "no loader at all", data)
     elif comm >= 0.15:
         kind = "communication-bound"
-        rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 4}", f"{comm:.0%} of the step is communication "
-            "not hidden behind compute; larger buckets mean fewer, better-overlapped all-reduces", comm)
+        if s.strategy == "ddp":
+            rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 4}", f"{comm:.0%} of the step is "
+                "communication not hidden behind compute; larger buckets mean fewer, better-overlapped all-reduces", comm)
+        if cfg.parallel.grad_compression == "none":
+            rec('parallel.grad_compression="bf16"', "gradients reduced in bf16 move half the bytes", comm)
+        if s.strategy == "fsdp" and cfg.parallel.reshard_after_forward:
+            rec("parallel.reshard_after_forward=false", "keeping gathered parameters from forward to backward "
+                "saves one all-gather per step (more memory)", comm)
         rec(f"train.grad_accum={cfg.train.grad_accum * 2}", "accumulating more micro-batches reduces gradients "
             "once per more compute", comm)
     elif on_gpu and host >= 0.3:
@@ -224,7 +233,7 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
     try:
         with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
-            return _profile(build(cfg), n_warm, wait, warmup, active)
+            return _profile(build(cfg, probe=True), n_warm, wait, warmup, active)
     finally:
         phases.enable(False)
         shutdown()
@@ -235,19 +244,23 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
     out.mkdir(parents=True, exist_ok=True)
     on_gpu = s.device.type == "cuda"
     accum = s.cfg.train.grad_accum
+    suffix = "" if s.env.is_main else f"-rank{s.env.rank}"  # torchrun: one trace per rank, one report
     s.model.train()
 
-    def one_step() -> float:
+    def one_step(first: bool = False) -> float:
         t0 = time.perf_counter()
         with phases.phase("data"):
             micro = [next(s.batches) for _ in range(accum)]
-        train_step(s, micro, want_norm=False)
+        if first and s.compiled:  # compile happens here; a compiler error falls back to eager, as in train
+            first_train_step(s, micro)
+        else:
+            train_step(s, micro, want_norm=False)
         sync(s.device)
         return time.perf_counter() - t0
 
     say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
-    for _ in range(n_warm):
-        one_step()
+    for i in range(n_warm):
+        one_step(first=i == 0)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(s.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
@@ -260,6 +273,7 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
             prof.step()
     phases.enable(False)
     step_s = statistics.median(times[-active:])
+    mean_step_s = statistics.fmean(times[-active:])  # the parts are per-step means: so is the whole they share
     memory = {"peak_allocated_gib": round(peak_mem_gib(s.device), 3)}
     if on_gpu:
         memory["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(s.device) / 2**30, 3)
@@ -267,17 +281,17 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
         # one more step with allocation history on, after the timed ones (recording slows the host)
         torch.cuda.memory._record_memory_history(max_entries=100_000)
         one_step()
-        torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
+        torch.cuda.memory._dump_snapshot(str(out / f"memory_snapshot{suffix}.pickle"))
         torch.cuda.memory._record_memory_history(enabled=None)
-        memory["snapshot"] = "memory_snapshot.pickle (open at https://pytorch.org/memory_viz)"
-    per, top = analyze(prof.events(), step_s, active, on_gpu)
+        memory["snapshot"] = f"memory_snapshot{suffix}.pickle (open at https://pytorch.org/memory_viz)"
+    per, top = analyze(prof.events(), mean_step_s, active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
     kind, recs = verdict(shares, s, memory)
 
-    raw = out / "trace.json"
+    raw = out / f"trace{suffix}.json"
     prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as f, gzip.open(out / "trace.json.gz", "wb") as g:
+    with open(raw, "rb") as f, gzip.open(out / f"trace{suffix}.json.gz", "wb") as g:
         shutil.copyfileobj(f, g)
     raw.unlink()
     gpu_busy = None
@@ -293,8 +307,9 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
                   "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
     }
-    write_report(out, "report", report, format_report(report))
-    say(f"profile: wrote {out}")
+    if s.env.is_main:  # the report is rank 0's view; every rank keeps its own trace
+        write_report(out, "report", report, format_report(report))
+        say(f"profile: wrote {out}")
     return report
 
 

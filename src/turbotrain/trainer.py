@@ -155,7 +155,8 @@ class Setup:
 
 
 def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
-          val_data: Dataset | None = None, loss_fn: LossFn | None = None) -> Setup:
+          val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Setup:
+    """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
     env = DistEnv.from_environ()
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
     device = resolve_device(cfg.run.device)
@@ -167,7 +168,7 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if env.is_main:
+        if env.is_main and not probe:
             (run_dir / "config.toml").write_text(to_toml(cfg))
     except OSError as e:
         raise UserError(f"run.out_dir: cannot write {run_dir} ({e.strerror})") from None
@@ -199,7 +200,7 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
 
     ckpt = Checkpointer(cfg.checkpoint, run_dir, env.rank, world, sharded=strategy == "fsdp")
     start_step, resumed = 0, ckpt.find_resume()
-    if resumed is None and env.is_main:
+    if resumed is None and env.is_main and not probe:
         ckpt.set_aside_old()  # a fresh run must not mix (or prune) an earlier run's checkpoints
     if cfg.checkpoint.every:
         try:
@@ -207,9 +208,10 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
         except OSError as e:
             raise UserError(f"checkpoint: cannot create {ckpt.dir} ({e.strerror})") from None
     if resumed is not None:
-        start_step = ckpt.load(resumed, model, opt, sched, scaler, {"param_shapes": shapes, "global_batch": micro * accum * world})
+        start_step = ckpt.load(resumed, model, opt, sched, scaler, {"param_shapes": shapes, "global_batch": micro * accum * world,
+                                                                  "optimizer": t.optimizer, "dtype": dtype})
         say(f"resumed from step {start_step} ({resumed})")
-    if env.is_main:
+    if env.is_main and not probe:
         _trim_metrics(run_dir / "metrics.jsonl", start_step)
     if start_step >= t.steps:
         raise UserError(f"the checkpoint is at step {start_step}, the run asks for train.steps={t.steps}: nothing to do; "
@@ -319,12 +321,15 @@ def evaluate(s: Setup) -> dict:
     ds = s.val_ds
     if ds is None or s.cfg.data.eval_batches == 0 or len(ds) < s.cfg.data.batch_size:
         return {}
+    # the val set is eval_batches global batches, whatever the micro-batch split: comparable across configs
+    n_micro = s.cfg.data.eval_batches * s.cfg.train.grad_accum * s.env.world_size
+    batches = eval_batches(ds, s.cfg.data.batch_size, n_micro, s.env.rank, s.env.world_size)
+    if not batches:  # fewer val micro-batches than ranks: no comparable val figure (same on every rank)
+        return {}
     s.model.eval()
     loss_sum, correct, total, n = torch.zeros((), device=s.device), 0, 0, 0
     loss_fn = s.step_module.loss_fn
-    # the val set is eval_batches global batches, whatever the micro-batch split: comparable across configs
-    n_micro = s.cfg.data.eval_batches * s.cfg.train.grad_accum * s.env.world_size
-    for idx in eval_batches(ds, s.cfg.data.batch_size, n_micro, s.env.rank, s.env.world_size):
+    for idx in batches:
         batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
         x, y = (t.to(s.device, non_blocking=True) for t in batch)
         with precision.autocast(s.dtype, s.device):
@@ -394,6 +399,7 @@ def _loop(s: Setup, t_start: float) -> dict:
         torch.cuda.reset_peak_memory_stats(s.device)
     s.model.train()
     meter, last, done = Meter(n_warm, s.start_step), {}, s.start_step
+    bad_streak = torch.zeros((), dtype=torch.int32, device=s.device)  # non-finite losses in a row
     try:
         for step in range(s.start_step, t.steps):
             done = step + 1
@@ -401,14 +407,16 @@ def _loop(s: Setup, t_start: float) -> dict:
             is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
             micro = [next(s.batches) for _ in range(t.grad_accum)]
             if step == s.start_step and s.compiled:
-                loss, grad_norm = _first_step_with_fallback(s, micro)
+                loss, grad_norm = first_train_step(s, micro)
             else:
                 loss, grad_norm = train_step(s, micro, want_norm=is_log, fwd_timer=fwd_timer)
+            bad_streak = torch.where(torch.isfinite(loss), 0, bad_streak + 1)  # on the device: no sync
             if done - s.start_step == n_warm:  # end of warm-up: the timed region starts on a drained device
                 sync(s.device)
                 meter.warm_done()
             if is_log or is_eval:
-                last = _log_step(s, done, loss, grad_norm, is_eval, meter, logger, gpu, alerts, fwd_timer, stragglers) or last
+                last = _log_step(s, done, loss, grad_norm, bad_streak, is_eval, meter, logger, gpu, alerts, fwd_timer,
+                                 stragglers) or last
             if _agreed_stop(stop, s, is_log or not multi):
                 if every:
                     s.ckpt.save(done, s.model, s.opt, s.sched, s.scaler, _ckpt_meta(s))
@@ -458,20 +466,21 @@ def _agreed_stop(stop: StopRequest, s: Setup, check: bool) -> bool:
     return flag != 0
 
 
-def _log_step(s: Setup, done: int, loss, grad_norm, is_eval: bool, meter: Meter, logger: MetricsLogger,
-              gpu: GpuStats, alerts: Alerts, fwd_timer: ForwardTimer, stragglers: StragglerWatch) -> dict:
+def _log_step(s: Setup, done: int, loss, grad_norm, bad_streak: torch.Tensor, is_eval: bool, meter: Meter,
+              logger: MetricsLogger, gpu: GpuStats, alerts: Alerts, fwd_timer: ForwardTimer,
+              stragglers: StragglerWatch) -> dict:
     sync(s.device)  # sync point: reading the clock and the loss
     dt, n, wait = meter.window(done, s.batches.wait_s)
     rate = n * s.global_batch / dt
     meter.record(rate)
     norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    loss_v, peak = all_mean([loss.item(), peak_mem_gib(s.device)], s.device)  # mean loss over ranks
+    loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(s.device), bad_streak.item()], s.device)  # over ranks
     row = {"step": done, "loss": loss_v, "lr": s.sched.get_last_lr()[0],
            "grad_norm": norm.item() if norm is not None else None, **_throughput(s, rate, dt / n, wait / dt),
            "peak_mem_gib": round(peak, 4)}
     if s.env.world_size > 1:
         row.update(stragglers.update((fwd_timer.take() + wait) / n, done))
-    alerts.check_loss(loss_v, done, n, final=done == s.cfg.train.steps)
+    alerts.check_loss(loss_v, done, streak, final=done == s.cfg.train.steps)
     alerts.check_rate(rate, done)
     row.update(gpu.read())
     if is_eval:
@@ -483,10 +492,10 @@ def _log_step(s: Setup, done: int, loss, grad_norm, is_eval: bool, meter: Meter,
 
 def _ckpt_meta(s: Setup) -> dict:
     return {"global_batch": s.global_batch, "strategy": s.strategy, "param_shapes": param_shapes(s.model),
-            "config": to_toml(s.cfg)}
+            "optimizer": s.cfg.train.optimizer, "dtype": s.dtype, "config": to_toml(s.cfg)}
 
 
-def _first_step_with_fallback(s: Setup, micro: list):
+def first_train_step(s: Setup, micro: list):
     """Compilation happens inside the first step; a compiler error falls back to eager and redoes it."""
     try:
         return train_step(s, micro)

@@ -220,6 +220,19 @@ def test_resume_with_other_global_batch(tmp_path, capsys, gpt_checkpoints):
     assert "global batch 16" in line and "has 8" in line and "data.batch_size" in line
 
 
+@pytest.mark.parametrize("change, expect", [
+    ('train.optimizer="sgd"', ["adamw state", "train.optimizer", "resume"]),
+    ("precision.dtype=fp16", ["precision fp32", "fp16", "scaler"]),
+])
+def test_resume_with_other_optimizer_or_loss_scaling(tmp_path, capsys, gpt_checkpoints, change, expect):
+    """Optimizer or GradScaler state that cannot carry over: one error line, not a KeyError traceback."""
+    _copy_gpt(tmp_path, gpt_checkpoints)
+    rc, out, err = run_main(capsys, [*GPT, f"run.out_dir={lit(tmp_path)}", "train.steps=6", change])
+    assert rc == 2, err
+    line = error_line(err)
+    assert all(e in line for e in expect), line
+
+
 def test_resume_with_same_global_batch_other_split_is_accepted(tmp_path, capsys, gpt_checkpoints):
     """Control: micro 8 x accum 2 = the checkpoint's global batch 16, so resuming is fine."""
     _copy_gpt(tmp_path, gpt_checkpoints)

@@ -49,3 +49,19 @@ def test_tiny_model_on_gpu_is_launch_bound(tmp_path):
                       "data.args.num_classes=4", "data.batch_size=8", "run.device=\"cuda\"")
     assert report["verdict"] == "host/launch-bound"
     assert "compile.mode=reduce-overhead" in report["recommendations"][0]["set"]
+
+
+def test_profiling_leaves_the_run_it_profiles_alone(tmp_path):
+    """profile builds in the run's folder: the run's metrics, config and checkpoints must survive it."""
+    from turbotrain.trainer import train
+
+    args = [f"run.out_dir={str(tmp_path)!r}", "precision.dtype=fp32", "train.steps=4", "train.log_every=1",
+            "checkpoint.every=2", "data.batch_size=16"]
+    train(load_config("mlp-seed", args))
+    run = tmp_path / "mlp-seed"
+    before = {f: (run / f).read_text() for f in ("metrics.jsonl", "config.toml")}
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    run_profile(load_config("mlp-seed", [*args, "data.batch_size=8"]), active=2)
+    assert {f: (run / f).read_text() for f in before} == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ckpts
+    assert (run / "profile" / "report.json").exists()

@@ -48,3 +48,20 @@ def test_gpt_formula_matches_the_count_for_the_matmuls():
 def test_peak_table():
     assert peak_flops(torch.device("cpu"), "bf16") is None
     assert PEAK_FLOPS["H100"]["bf16"] > PEAK_FLOPS["H100"]["tf32"] > PEAK_FLOPS["H100"]["fp32"]
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA H200", "H200"),
+    ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA L4", "L4"), ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla T4", "T4"),
+])
+def test_peak_lookup_matches_whole_model_names(name, key):
+    from turbotrain.monitor.flops import lookup_peak
+
+    assert lookup_peak(name) is PEAK_FLOPS[key]
+
+
+def test_unknown_device_has_no_peak():
+    from turbotrain.monitor.flops import lookup_peak
+
+    assert lookup_peak("NVIDIA RTX A6000") is None and lookup_peak("Tesla K80") is None

@@ -38,3 +38,16 @@ def test_iteration_resumes_at_a_step():
 def test_dataset_smaller_than_a_global_batch_is_refused():
     with pytest.raises(UserError, match="fewer than one global batch"):
         StepSampler(10, 8, 2)
+
+
+@pytest.mark.parametrize("n_samples, world", [(39 * 8, 2), (10 * 8, 3), (8, 2)])
+def test_eval_batches_are_dealt_evenly(n_samples, world):
+    """Every rank gets the same number of val micro-batches (FSDP's forward is a collective), and no
+    sample is seen twice."""
+    from turbotrain.data.loader import eval_batches
+
+    ds = list(range(n_samples))
+    per_rank = [eval_batches(ds, 8, 100, r, world) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1
+    seen = [i for b in per_rank for idx in b for i in idx.tolist()]
+    assert len(seen) == len(set(seen)) == len(per_rank[0]) * world * 8

@@ -202,6 +202,8 @@ class Batches:
 
 
 def eval_batches(ds: Dataset, micro: int, n_batches: int, rank: int, world: int) -> list[torch.Tensor]:
-    """Fixed validation micro-batches (the first n_batches·micro samples), dealt across ranks."""
+    """Fixed validation micro-batches (the first n_batches·micro samples), dealt across ranks, the same
+    number to each (a rank with one more batch would wait forever in a collective of FSDP's forward)."""
     n = min(n_batches, len(ds) // micro)
+    n -= n % world
     return [torch.arange(b * micro, (b + 1) * micro) for b in range(rank, n, world)]

@@ -17,10 +17,12 @@ class Alerts:
         self.max_bad, self.spike, self.drop = max_bad_steps, spike_factor, drop_factor
         self.bad_streak, self.ema, self.rates = 0, None, []
 
-    def check_loss(self, loss: float, step: int, steps_since_last: int, final: bool) -> None:
-        """Raise NonFiniteLoss when the loss stays non-finite; warn on a spike over its running average."""
+    def check_loss(self, loss: float, step: int, bad_streak: float, final: bool) -> None:
+        """Raise NonFiniteLoss when the loss stays non-finite; warn on a spike over its running average.
+        `bad_streak`: the non-finite steps in a row up to this one, counted on the device every step (the
+        loss is only read at log steps), averaged over ranks so that every rank decides alike."""
         if not math.isfinite(loss):
-            self.bad_streak += steps_since_last
+            self.bad_streak = max(1, math.ceil(bad_streak))
             if self.bad_streak >= self.max_bad or final:
                 raise NonFiniteLoss(f"loss is {loss} (NaN/inf) at step {step}, non-finite for {self.bad_streak} "
                                     f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")

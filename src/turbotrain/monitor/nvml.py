@@ -13,7 +13,8 @@ class GpuStats:
             import pynvml
 
             pynvml.nvmlInit()
-            index = device.index if device.index is not None else torch.cuda.current_device()
+            # NVML numbers GPUs its own way: map through CUDA_VISIBLE_DEVICES (rank 0 on "2,3" is NVML's 2)
+            index = torch.cuda._get_nvml_device_index(device.index if device.index is not None else None)
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             self._nv = pynvml
         except Exception:  # no driver library / no permission: stats are simply absent
