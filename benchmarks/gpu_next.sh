@@ -2,32 +2,37 @@
 # The GPU runs still owed to issues #3 (2-GPU targets), #5 (GPU profiles, advice followed) and #6 (full
 # benches), in three calls sized to fit one session's 30 device-minutes with the machine starts.
 #
-#   here, once (no device time):   bash benchmarks/gpu_next.sh prepare      # .anchors and .data (both ignored)
-#   call 1, nvidia-h200 (~9 min):  bash benchmarks/gpu_next.sh bench        # carry .anchors .data
-#   call 2, nvidia-h200 (~7 min):  bash benchmarks/gpu_next.sh converge profile
+#   here, once (no device time):     bash benchmarks/gpu_next.sh prepare    # .anchors and .data (both ignored)
+#   call 1, nvidia-h200 (~8 min):    bash benchmarks/gpu_next.sh bench-gpt bench-resnet   # carry .anchors .data
+#   call 2, nvidia-h200 (~7 min):    bash benchmarks/gpu_next.sh converge profile
 #   call 3, nvidia-h200-x2 (~9 min): bash benchmarks/gpu_next.sh scale
-#   wiring check on a CPU first:   DRY=1 bash benchmarks/gpu_next.sh bench converge profile scale
+#   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh bench-gpt bench-resnet converge profile scale
+# (the estimates are guesses from run 1-6 step times and compile times; split a call if one runs long)
 #
-# Each part writes under $OUT (bench.json/md/png, report.json/md, scale.json, anchors.jsonl) and prints
-# its table last. DRY=1 shrinks every model and step count and runs on the CPU: it checks that every
-# command and file path works, its numbers mean nothing.
+# Everything lands in $OUT/results.tar.gz (the device tool returns at most 8 files), written on exit even
+# when the call is cut short; the tables print as each part ends. DRY=1 shrinks every model and step count
+# and runs on the CPU: it checks that every command and file path works, its numbers mean nothing.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 export PYTHONPATH=$ROOT/src PYTHONUNBUFFERED=1 TURBOTRAIN_CACHE=$ROOT/.data
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
-OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/runs}; mkdir -p "$OUT" "$RUNS"
+FINAL=${OUT:-/tmp/out}; OUT=$(mktemp -d); RUNS=${RUNS:-/tmp/runs}; mkdir -p "$FINAL" "$RUNS"
+trap 'tar czf "$FINAL/results.tar.gz" -C "$OUT" . && echo "results: $FINAL/results.tar.gz"' EXIT
 PY=${PY:-python3}
 tt() { $PY -m turbotrain "$@"; }
 
 if [ "${DRY:-0}" = 1 ]; then  # tiny shapes on the CPU: wiring only
   GPT2=(model.args.n_layer=2 model.args.n_head=2 model.args.n_embd=64 model.args.block_size=64
         data.args.seq_len=64 data.args.size=64 data.batch_size=4 compile.mode=default run.device=\"cpu\")
-  RESNET=(model.args.depth=18 "data.args.shape=[3,32,32]" data.batch_size=8 data.args.size=64 run.device=\"cpu\")
+  RESNET=(model.args.base_width=8 "data.args.shape=[3,32,32]" data.batch_size=8 data.args.size=64 run.device=\"cpu\")
   SMALL=(train.steps=6 train.log_every=2 train.eval_every=0)
   CPU=(run.device=\"cpu\"); FASHION=(run.device=\"cpu\" data.batch_size=32); EAGER=precision.dtype=fp32
+  BENCH=(--variants baseline,accum); CONV_GPT=("${BENCH[@]}"); CONV_CNN=("${BENCH[@]}")
 else
   GPT2=(); RESNET=(); SMALL=(); CPU=(); FASHION=(); EAGER=precision.dtype=bf16
+  BENCH=(); CONV_GPT=(--variants baseline,tf32,bf16,fp16,compile,accum,all)
+  CONV_CNN=(--variants baseline,tf32,bf16,fp16,channels_last,compile,accum,all)
 fi
 GPUS=1,2
 bench_copy() {  # bench_copy NAME: the bench's table, json and chart into $OUT
@@ -41,26 +46,27 @@ prepare)  # here, before any device call
   TURBOTRAIN_CACHE=$ROOT/.data $PY -m turbotrain data fetch shakespeare
   TURBOTRAIN_CACHE=$ROOT/.data $PY -m turbotrain data fetch fashion_mnist
   du -sh .anchors .data ;;
-bench)  # issue 6: every technique on GPT-2 124M and ResNet-50, Accelerate and Fabric beside them
-  $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee "$OUT/env.txt"
+bench-gpt)  # issue 6: every technique on GPT-2 124M, Accelerate and Fabric beside it, anchors in the same call
+  $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$OUT/env.txt"
   tt bench gpt2-124m "${GPT2[@]}" train.steps=${STEPS_GPT:-30} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" \
-     run.name=gpt2 --compare accelerate,fabric > "$OUT/bench_gpt2.log" 2>&1 || tail -5 "$OUT/bench_gpt2.log"
+     run.name=gpt2 ${BENCH[@]+"${BENCH[@]}"} --compare accelerate,fabric > "$OUT/bench_gpt2.log" 2>&1 || tail -5 "$OUT/bench_gpt2.log"
   bench_copy gpt2
+  [ "${DRY:-0}" = 1 ] || (cd .anchors && $PY anchor_gpt.py bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile) \
+    2>&1 | grep '^{' | tee -a "$OUT/anchors.jsonl" ;;
+bench-resnet)  # issue 6: the same for ResNet-50 (channels_last applies here)
   tt bench resnet50-synthetic "${RESNET[@]}" train.steps=${STEPS_RESNET:-30} ${SMALL[@]+"${SMALL[@]}"} \
-     run.out_dir="'$RUNS'" run.name=resnet --compare accelerate,fabric > "$OUT/bench_resnet.log" 2>&1 \
+     run.out_dir="'$RUNS'" run.name=resnet ${BENCH[@]+"${BENCH[@]}"} --compare accelerate,fabric > "$OUT/bench_resnet.log" 2>&1 \
      || tail -5 "$OUT/bench_resnet.log"
   bench_copy resnet
-  if [ "${DRY:-0}" != 1 ]; then  # the reference scripts in the same call: ratios side by side
-    (cd .anchors && $PY anchor_gpt.py bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile \
-       && $PY anchor_resnet.py bf16_cl_compile fp16_cl) 2>&1 | grep '^{' | tee "$OUT/anchors.jsonl"
-  fi ;;
+  [ "${DRY:-0}" = 1 ] || (cd .anchors && $PY anchor_resnet.py bf16_cl_compile fp16_cl) 2>&1 | grep '^{' \
+    | tee -a "$OUT/anchors.jsonl" ;;
 converge)  # issue 6: does each technique reach the same loss / accuracy at the same step on real data?
-  tt bench gpt-shakespeare --converge ${SMALL[@]+"${SMALL[@]}"} ${CPU[@]+"${CPU[@]}"} run.out_dir="'$RUNS'" \
-     run.name=shakespeare --variants baseline,tf32,bf16,fp16,compile,accum,all > "$OUT/converge_shakespeare.log" 2>&1 \
+  tt bench gpt-shakespeare ${SMALL[@]+"${SMALL[@]}"} ${CPU[@]+"${CPU[@]}"} run.out_dir="'$RUNS'" \
+     run.name=shakespeare "${CONV_GPT[@]}" --converge > "$OUT/converge_shakespeare.log" 2>&1 \
      || tail -5 "$OUT/converge_shakespeare.log"
   bench_copy shakespeare
-  tt bench cnn-fashion --converge ${SMALL[@]+"${SMALL[@]}"} ${FASHION[@]+"${FASHION[@]}"} \
-     run.out_dir="'$RUNS'" run.name=fashion --variants baseline,tf32,bf16,fp16,channels_last,compile,accum,all \
+  tt bench cnn-fashion ${SMALL[@]+"${SMALL[@]}"} ${FASHION[@]+"${FASHION[@]}"} \
+     run.out_dir="'$RUNS'" run.name=fashion "${CONV_CNN[@]}" --converge \
      > "$OUT/converge_fashion.log" 2>&1 || tail -5 "$OUT/converge_fashion.log"
   bench_copy fashion ;;
 profile)  # issue 5: breakdowns, and the first piece of advice for eager bf16 followed and measured
@@ -81,8 +87,11 @@ profile)  # issue 5: breakdowns, and the first piece of advice for eager bf16 fo
   tt train "${base[@]}" run.name=before > "$OUT/advice_before.log" 2>&1
   tt train "${base[@]}" $advice run.name=after > "$OUT/advice_after.log" 2>&1
   $PY - "$RUNS" "$advice" <<'PY' | tee "$OUT/advice.json"
-import json, sys
+import json, os, sys
 runs, advice = sys.argv[1], sys.argv[2]
+if not all(os.path.exists(f"{runs}/{n}/summary.json") for n in ("before", "after")):
+    print(json.dumps({"advice": advice, "error": "a run failed: see advice_before.log / advice_after.log"}))
+    raise SystemExit
 b, a = (json.load(open(f"{runs}/{n}/summary.json")) for n in ("before", "after"))
 print(json.dumps({"advice": advice, "before_samples_per_s": b["samples_per_s"], "after_samples_per_s": a["samples_per_s"],
                   "speedup": a["samples_per_s"] / b["samples_per_s"], "device": b["device_name"], "torch": b["torch"]}))
@@ -101,5 +110,5 @@ scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction,
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
   fi ;;
-*) echo "unknown part $part (prepare bench converge profile scale)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-resnet converge profile scale)"; exit 2 ;;
 esac; done

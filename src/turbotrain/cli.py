@@ -115,8 +115,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Flags may sit anywhere: `bench gpt2-124m --converge train.steps=50` keeps train.steps=50 an override."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return run(args)
     except UserError as e:

@@ -37,7 +37,12 @@ CASES = [
     ("unimportable-model", ["mlp-seed", *TINY_MLP, 'model.name="nosuchmod.x:build"'], ["model.name", "nosuchmod"]),
     ("unknown-data-name", ["mlp-seed", *TINY_MLP, 'data.name="nosuchdata"'], ["data.name", "nosuchdata"]),
     ("user-data-bad-arg", ["mlp-seed", *TINY_MLP, "data.args.no_such_arg=1"], ["data.args", "no_such_arg"]),
+    ("gpt-heads-mismatch", ["gpt2-124m", "model.args.n_embd=32", "model.args.n_head=3", "data.args.size=64",
+                            "data.args.seq_len=32", "model.args.block_size=32"], ["model.args.n_embd", "n_head"]),
+    ("resnet-depth", ["resnet50-synthetic", "model.args.depth=18", "data.args.size=8", "data.batch_size=4",
+                      "data.args.shape=[3,32,32]"], ["model.args.depth = 18", "50"]),
 ]
+PRESETS = ("mlp-seed", "gpt2-124m", "resnet50-synthetic")
 
 
 @pytest.mark.parametrize("argv, expect", [pytest.param(a, e, id=i) for i, a, e in CASES])
@@ -45,7 +50,7 @@ def test_bad_config_is_a_user_error(tmp_path, argv, expect):
     (tmp_path / "broken.toml").write_text(MALFORMED)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     # every case writes (if it writes at all) under tmp_path, never into the repository
-    argv = argv + ([f"run.out_dir={str(tmp_path / 'runs')!r}"] if argv[0] == "mlp-seed" else [])
+    argv = argv + ([f"run.out_dir={str(tmp_path / 'runs')!r}"] if argv[0] in PRESETS else [])
     r = run_cli(argv, cwd=tmp_path)
     report = f"argv={argv}\nrc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert r.returncode == 2, report

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from turbotrain.errors import UserError
+
 
 class Block(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
@@ -38,7 +40,7 @@ class GPT(nn.Module):
                  dropout: float = 0.0, bias: bool = True, tie_weights: bool = True):
         super().__init__()
         if n_embd % n_head:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+            raise UserError(f"model.args.n_embd = {n_embd}: must be divisible by model.args.n_head = {n_head}")
         self.block_size, self.n_layer, self.n_embd = block_size, n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from turbotrain.errors import UserError
+
 
 class Bottleneck(nn.Module):
     expansion = 4
@@ -60,5 +62,5 @@ class ResNet(nn.Module):
 def build(depth: int = 50, num_classes: int = 1000, in_channels: int = 3, base_width: int = 64) -> ResNet:
     layers = {50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}
     if depth not in layers:
-        raise ValueError(f"depth must be one of {sorted(layers)}, got {depth}")
+        raise UserError(f"model.args.depth = {depth}: expected one of {', '.join(map(str, sorted(layers)))} (bottleneck ResNets)")
     return ResNet(layers[depth], num_classes, in_channels, base_width)
