@@ -33,7 +33,7 @@ from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
 from turbotrain.accel.attention import attention_backend
-from turbotrain.trainer import Setup, first_train_step, build, peak_mem_gib, resolve_device, sync, train_step
+from turbotrain.trainer import Setup, build, first_train_step, peak_mem_gib, resolve_device, sync, train_step
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
 

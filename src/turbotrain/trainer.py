@@ -208,8 +208,8 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
         except OSError as e:
             raise UserError(f"checkpoint: cannot create {ckpt.dir} ({e.strerror})") from None
     if resumed is not None:
-        start_step = ckpt.load(resumed, model, opt, sched, scaler, {"param_shapes": shapes, "global_batch": micro * accum * world,
-                                                                  "optimizer": t.optimizer, "dtype": dtype})
+        expect = {"param_shapes": shapes, "global_batch": micro * accum * world, "optimizer": t.optimizer, "dtype": dtype}
+        start_step = ckpt.load(resumed, model, opt, sched, scaler, expect)
         say(f"resumed from step {start_step} ({resumed})")
     if env.is_main and not probe:
         _trim_metrics(run_dir / "metrics.jsonl", start_step)

@@ -5,8 +5,8 @@ import contextlib
 import weakref
 
 import torch
-from torch import nn
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from turbotrain.distributed.env import ParallelConfig
