@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from turbotrain.errors import UserError
@@ -129,8 +130,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    rc = _run_reporting_errors(args)
+    if argv is None and "LOCAL_RANK" in os.environ:
+        # A torchrun worker, its files saved and closed, leaves without interpreter teardown. Once FSDP2 is
+        # imported, gloo's threads outlive destroy_process_group (torch keeps the group in C++) and are torn
+        # down at interpreter exit, where a thread that asks for the GIL is ended: a finished 2-rank CPU
+        # FSDP2 run aborted there once ("terminate called without an active exception", exit -6 after
+        # "done"). Skipping the teardown takes that path away.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return run(args)
+    except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
