@@ -3,22 +3,27 @@
 # benches), in three calls sized to fit one session's 30 device-minutes with the machine starts.
 #
 #   here, once (no device time):     bash benchmarks/gpu_next.sh prepare    # .anchors and .data (both ignored)
-#   call 1, nvidia-h200 (~8 min):    bash benchmarks/gpu_next.sh bench-gpt bench-resnet   # carry .anchors .data
-#   call 2, nvidia-h200 (~7 min):    bash benchmarks/gpu_next.sh converge profile
-#   call 3, nvidia-h200-x2 (~9 min): bash benchmarks/gpu_next.sh scale
+#   call 1, nvidia-h200:             bash benchmarks/gpu_next.sh bench-gpt       # carry .anchors .data
+#   call 2, nvidia-h200:             bash benchmarks/gpu_next.sh bench-resnet
+#   call 3, nvidia-h200:             bash benchmarks/gpu_next.sh converge profile
+#   call 4, nvidia-h200-x2:          bash benchmarks/gpu_next.sh scale
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh bench-gpt bench-resnet converge profile scale
-# (the estimates are guesses from run 1-6 step times and compile times; split a call if one runs long)
+# Time guesses from runs 1-6 (process start ~10 s, compile 20-60 s a run): bench-gpt ~8 min (10 variants,
+# 2 comparators, 3 anchors), bench-resnet ~8 min, converge + profile ~7 min, scale ~9 min. Four calls do
+# not fit one session's 30 device-minutes with machine starts: order them by what the open issue needs most.
 #
-# Everything lands in $OUT/results.tar.gz (the device tool returns at most 8 files), written on exit even
-# when the call is cut short; the tables print as each part ends. DRY=1 shrinks every model and step count
-# and runs on the CPU: it checks that every command and file path works, its numbers mean nothing.
+# Results land in $OUT/results.tar.gz (the device tool returns at most 8 files), rewritten after every part
+# so a call cut short still returns what finished; the tables print as each part ends. DRY=1 shrinks every
+# model and step count and runs on the CPU: it checks that every command and file path works, its numbers
+# mean nothing.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 export PYTHONPATH=$ROOT/src PYTHONUNBUFFERED=1 TURBOTRAIN_CACHE=$ROOT/.data
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 FINAL=${OUT:-/tmp/out}; OUT=$(mktemp -d); RUNS=${RUNS:-/tmp/runs}; mkdir -p "$FINAL" "$RUNS"
-trap 'tar czf "$FINAL/results.tar.gz" -C "$OUT" . && echo "results: $FINAL/results.tar.gz"' EXIT
+pack() { tar czf "$FINAL/results.tar.gz" -C "$OUT" . ; }
+trap 'pack && echo "results: $FINAL/results.tar.gz"' EXIT
 PY=${PY:-python3}
 tt() { $PY -m turbotrain "$@"; }
 
@@ -111,4 +116,4 @@ scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction,
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
   fi ;;
 *) echo "unknown part $part (prepare bench-gpt bench-resnet converge profile scale)"; exit 2 ;;
-esac; done
+esac; pack; done
