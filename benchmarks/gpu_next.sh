@@ -24,6 +24,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 FINAL=${OUT:-/tmp/out}; OUT=$(mktemp -d); RUNS=${RUNS:-/tmp/runs}; mkdir -p "$FINAL" "$RUNS"
 pack() { tar czf "$FINAL/results.tar.gz" -C "$OUT" . ; }
 trap 'pack && echo "results: $FINAL/results.tar.gz"' EXIT
+trap 'echo "stopped (signal)"; exit 143' TERM INT  # under `timeout`: the EXIT trap still packs what finished
 PY=${PY:-python3}
 tt() { $PY -m turbotrain "$@"; }
 
@@ -102,6 +103,16 @@ print(json.dumps({"advice": advice, "before_samples_per_s": b["samples_per_s"], 
                   "speedup": a["samples_per_s"] / b["samples_per_s"], "device": b["device_name"], "torch": b["torch"]}))
 PY
   for f in "$OUT"/profile_*.md; do echo "== $f"; grep -E "Verdict|^\| |^[0-9]\." "$f" | head -14; done ;;
+fsdp1)  # issue 3: where FSDP2 loses to DDP on one GPU, where it communicates nothing (compiled and eager)
+  for run in ddp_compiled:ddp:true fsdp_compiled:fsdp:true ddp_eager:ddp:false fsdp_eager:fsdp:false; do
+    IFS=: read -r label strategy comp <<< "$run"
+    $PY -m torch.distributed.run --standalone --nproc_per_node=1 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
+      ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"$strategy\" compile.enabled=$comp compile.mode=default \
+      run.out_dir="'$RUNS'" run.name=$label > "$OUT/fsdp1_$label.log" 2>&1 || tail -8 "$OUT/fsdp1_$label.log"
+    cp "$RUNS/$label/profile/report.json" "$OUT/fsdp1_$label.json" 2>/dev/null
+    sed -n '1,/^## Recommendations/p' "$RUNS/$label/profile/report.md"
+    grep -A8 "^| op" "$RUNS/$label/profile/report.md"
+  done ;;
 scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction, plain DDP anchor beside
   common=(gpt2-124m "${GPT2[@]}" ${SMALL[@]+"${SMALL[@]}"} train.grad_clip=0.0 compile.mode=default run.out_dir="'$RUNS'")
   tt scale "${common[@]}" run.name=base --gpus $GPUS --strategies ddp,fsdp > "$OUT/scale_base.log" 2>&1
@@ -115,5 +126,5 @@ scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction,
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
   fi ;;
-*) echo "unknown part $part (prepare bench-gpt bench-resnet converge profile scale)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
 esac; pack; done

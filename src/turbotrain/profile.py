@@ -33,6 +33,7 @@ from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
 from turbotrain.accel.attention import attention_backend
+from turbotrain.accel.compile import compile_stats
 from turbotrain.trainer import Setup, build, first_train_step, peak_mem_gib, resolve_device, sync, train_step
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
@@ -299,8 +300,8 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
         gpu_busy = 1 - shares["host_overhead"] - shares["data_wait"]
     report = {
         "workload": s.cfg.run.name, "device": s.info["device_name"], "dtype": s.dtype, "torch": torch.__version__,
-        "compile": s.info["compile"], "strategy": s.strategy, "global_batch": s.global_batch,
-        "step_ms_median": step_s * 1e3, "steps_profiled": active, "step_ms_profiled": [t * 1e3 for t in times[-active:]],
+        "compile": s.info["compile"] and {**s.info["compile"], **compile_stats(), "fell_back": not s.compiled},
+        "strategy": s.strategy, "global_batch": s.global_batch, "step_ms_median": step_s * 1e3, "steps_profiled": active, "step_ms_profiled": [t * 1e3 for t in times[-active:]],
         "breakdown_ms": {k: v * 1e3 for k, v in per.items()}, "breakdown_share": shares,
         "gpu_busy_share": gpu_busy, "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "
@@ -314,7 +315,10 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
 
 
 def format_report(r: dict) -> str:
-    lines = [f"# Profile: {r['workload']} on {r['device']} ({r['dtype']}, compile {r['compile'] or 'off'})", "",
+    c = r["compile"]
+    how = (f"compile {c['mode']}/{c['scope']}, {c['graph_breaks']} graph breaks, {c['recompiles']} recompiles"
+           + (", fell back to eager" if c["fell_back"] else "")) if c else "eager"
+    lines = [f"# Profile: {r['workload']} on {r['device']} ({r['dtype']}, {how}, strategy {r['strategy']})", "",
              f"Median step {r['step_ms_median']:.2f} ms over {r['steps_profiled']} profiled steps "
              f"(global batch {r['global_batch']}).", "", f"**Verdict: {r['verdict']}**", "",
              "| part | ms/step | share |", "|---|---|---|"]
