@@ -59,6 +59,13 @@ bench-gpt)  # issue 6: every technique on GPT-2 124M, Accelerate and Fabric besi
   bench_copy gpt2
   [ "${DRY:-0}" = 1 ] || (cd .anchors && $PY anchor_gpt.py bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile) \
     2>&1 | grep '^{' | tee -a "$OUT/anchors.jsonl" ;;
+bench-gpt-compare)  # issue 6: the "all" row against Accelerate and Fabric (loss inside their compiled module), anchors beside
+  tt bench gpt2-124m "${GPT2[@]}" train.steps=${STEPS_GPT:-30} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" \
+     run.name=gpt2cmp --variants ${CMP_VARIANTS:-all} --repeats ${REPEATS:-3} --compare accelerate,fabric \
+     > "$OUT/bench_gpt2cmp.log" 2>&1 || tail -5 "$OUT/bench_gpt2cmp.log"
+  bench_copy gpt2cmp
+  [ "${DRY:-0}" = 1 ] || (cd .anchors && $PY anchor_gpt.py bf16_compile_fused accelerate_bf16_compile fabric_bf16_compile) \
+    2>&1 | grep '^{' | tee -a "$OUT/anchors_cmp.jsonl" ;;
 bench-resnet)  # issue 6: the same for ResNet-50 (channels_last applies here)
   tt bench resnet50-synthetic "${RESNET[@]}" train.steps=${STEPS_RESNET:-30} ${SMALL[@]+"${SMALL[@]}"} \
      run.out_dir="'$RUNS'" run.name=resnet ${BENCH[@]+"${BENCH[@]}"} --compare accelerate,fabric > "$OUT/bench_resnet.log" 2>&1 \
@@ -126,5 +133,5 @@ scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction,
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
   fi ;;
-*) echo "unknown part $part (prepare bench-gpt bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
 esac; pack; done

@@ -107,7 +107,7 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
             runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
         rows.append(_row(v, runs, variant_overrides(v, cfg)))
     for tool in compare:
-        rows.append(_compare_row(tool, config, overrides, cfg, out))
+        rows.append(_compare_row(tool, config, overrides, cfg, out, repeats))
     _judge(rows, converge)
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "device": _device_name(rows),
               "torch": torch.__version__, "repeats": repeats, "converge": converge,
@@ -138,7 +138,7 @@ def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
             "device": last.get("device_name"), "overrides": overrides}
 
 
-def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path) -> dict:
+def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path, repeats: int) -> dict:
     """The same model, data and steps through another framework's own best settings (bf16 + compile)."""
     if tool not in ("accelerate", "fabric"):
         raise UserError(f"--compare: unknown framework {tool!r}; choose accelerate, fabric")
@@ -147,15 +147,19 @@ def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Confi
 
     if importlib.util.find_spec(module.split(".")[0]) is None:
         return {"variant": f"{tool} (bf16 + compile)", "skipped": f"{module} is not installed"}
-    name = f"{cfg.run.name}-bench-{tool}"
-    summary = Path(cfg.run.out_dir) / name / "summary.json"
-    say(f"bench: comparator {tool}")
-    rc = _run(["turbotrain.compare", tool, str(summary), *([config] if config else []), *overrides,
-               f"run.name={name}"], out / f"{name}.log")
-    if rc != 0:
-        tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
-        return {"variant": f"{tool} (bf16 + compile)", "error": f"exit {rc}: {' | '.join(tail)[:300]}"}
-    return _row(f"{tool} (bf16 + compile)", [json.loads(summary.read_text())], [])
+    runs = []
+    for r in range(repeats):  # as many repeats as our rows, each in a fresh process
+        name = f"{cfg.run.name}-bench-{tool}" + (f"-r{r}" if repeats > 1 else "")
+        summary = Path(cfg.run.out_dir) / name / "summary.json"
+        say(f"bench: comparator {tool}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+        rc = _run(["turbotrain.compare", tool, str(summary), *([config] if config else []), *overrides,
+                   f"run.name={name}"], out / f"{name}.log")
+        if rc != 0:
+            tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
+            runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})
+            continue
+        runs.append(json.loads(summary.read_text()))
+    return _row(f"{tool} (bf16 + compile)", runs, [])
 
 
 def _judge(rows: list[dict], converge: bool) -> None:
