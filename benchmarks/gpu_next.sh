@@ -6,7 +6,7 @@
 #   call 1, nvidia-h200:             bash benchmarks/gpu_next.sh bench-gpt       # carry .anchors .data
 #   call 2, nvidia-h200:             bash benchmarks/gpu_next.sh bench-resnet
 #   call 3, nvidia-h200:             bash benchmarks/gpu_next.sh converge profile
-#   call 4, nvidia-h200-x2:          bash benchmarks/gpu_next.sh scale
+#   call 4, nvidia-h200-x2:          bash benchmarks/gpu_next.sh scale            # (fsdp1 part: one GPU)
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh bench-gpt bench-resnet converge profile scale
 # Time guesses from runs 1-6 (process start ~10 s, compile 20-60 s a run): bench-gpt ~8 min (10 variants,
 # 2 comparators, 3 anchors), bench-resnet ~8 min, converge + profile ~7 min, scale ~9 min. Four calls do
@@ -120,18 +120,17 @@ fsdp1)  # issue 3: where FSDP2 loses to DDP on one GPU, where it communicates no
     sed -n '1,/^## Recommendations/p' "$RUNS/$label/profile/report.md"
     grep -A8 "^| op" "$RUNS/$label/profile/report.md"
   done ;;
-scale)  # issue 3: 1 -> 2 GPUs, DDP and FSDP2, fp32 and bf16 gradient reduction, plain DDP anchor beside
-  common=(gpt2-124m "${GPT2[@]}" ${SMALL[@]+"${SMALL[@]}"} train.grad_clip=0.0 compile.mode=default run.out_dir="'$RUNS'")
+scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip 1.0) for DDP and FSDP2, plain DDP
+         # anchors beside it, then bf16 gradient reduction at 2 GPUs; most needed first (a timeout packs what finished)
+  common=(gpt2-124m "${GPT2[@]}" ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'")
   tt scale "${common[@]}" run.name=base --gpus $GPUS --strategies ddp,fsdp > "$OUT/scale_base.log" 2>&1
-  tt scale "${common[@]}" run.name=bf16red 'parallel.grad_compression="bf16"' --gpus $GPUS --strategies ddp,fsdp \
-     > "$OUT/scale_bf16red.log" 2>&1
-  tt scale "${common[@]}" run.name=b100 parallel.bucket_cap_mb=100 --gpus $GPUS --strategies ddp > "$OUT/scale_b100.log" 2>&1
-  for n in base bf16red b100; do
-    cp "$RUNS/$n-scale/scale.json" "$OUT/scale_$n.json" 2>/dev/null && { echo "== $n"; cat "$RUNS/$n-scale/scale.md"; }
-  done
+  cp "$RUNS/base-scale/scale.json" "$OUT/scale_base.json" && cat "$RUNS/base-scale/scale.md"; pack
   if [ "${DRY:-0}" != 1 ]; then
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
-      | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
-  fi ;;
+      | grep '^{' | tee "$OUT/anchor_ddp.jsonl"; pack
+  fi
+  tt scale "${common[@]}" run.name=bf16red 'parallel.grad_compression="bf16"' --gpus 2 --strategies ddp,fsdp \
+     > "$OUT/scale_bf16red.log" 2>&1
+  cp "$RUNS/bf16red-scale/scale.json" "$OUT/scale_bf16red.json" && cat "$RUNS/bf16red-scale/scale.md" ;;
 *) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
 esac; pack; done

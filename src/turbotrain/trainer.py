@@ -30,7 +30,7 @@ from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import CompileConfig, apply_compile, compile_stats, disable_compile, is_compile_error
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
-from turbotrain.accel.optim import build_optimizer, build_scheduler
+from turbotrain.accel.optim import build_optimizer, build_scheduler, clip_grad_norm
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import TensorDataset
@@ -38,7 +38,7 @@ from turbotrain.data.loader import (Batches, StepSampler, build_dataset, eval_ba
                                     resolve_loader_settings, use_device_resident)
 from turbotrain.distributed.ddp import apply_ddp, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean, init_distributed, resolve_strategy, shutdown
-from turbotrain.distributed.fsdp import apply_fsdp, per_block_units
+from turbotrain.distributed.fsdp import apply_fsdp, per_block_units, shard_local_step
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
 from turbotrain.monitor.alerts import Alerts
@@ -195,6 +195,8 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
 
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
+    if strategy == "fsdp":
+        opt = shard_local_step(opt)
     sched = build_scheduler(opt, t.warmup_steps, t.steps, t.schedule)
     scaler = precision.build_scaler(dtype, device)
 
@@ -307,7 +309,7 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
         grad_norm = None
         if clip > 0 or want_norm:
             params = [p for p in s.model.parameters() if p.grad is not None]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf, foreach=True)
+            grad_norm = clip_grad_norm(params, clip if clip > 0 else math.inf)
         s.scaler.step(s.opt)  # fp16: skipped when grads hold inf/NaN
         s.scaler.update()
         s.opt.zero_grad(set_to_none=True)

@@ -31,15 +31,19 @@ def run(tmp_path, nproc, *args, env=None):
     return r
 
 
-def losses(tmp_path, name):
-    return [json.loads(line)["loss"] for line in open(tmp_path / name / "metrics.jsonl")]
+def losses(tmp_path, name, key="loss"):
+    return [json.loads(line)[key] for line in open(tmp_path / name / "metrics.jsonl")]
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     path = tmp_path_factory.mktemp("single")
     run(path, 0, *TINY, "run.name=one", "data.batch_size=8")
+    single_norms.extend(losses(path, "one", "grad_norm"))
     return losses(path, "one")
+
+
+single_norms: list[float] = []  # the 1-process run's gradient norms, filled with `single`
 
 
 @pytest.mark.parametrize("strategy, micro, accum, extra", [
@@ -50,6 +54,8 @@ def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum, e
     dist = losses(tmp_path, "dist")
     assert len(dist) == len(single) == 6
     assert dist == pytest.approx(single, rel=1e-4)
+    # the norm (clipping at 1.0 acts on these steps) over sharded / all-reduced gradients is the global one
+    assert losses(tmp_path, "dist", "grad_norm") == pytest.approx(single_norms, rel=1e-4)
     summary = json.loads((tmp_path / "dist" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == strategy and summary["global_batch"] == 8
 

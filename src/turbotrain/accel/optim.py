@@ -5,7 +5,9 @@ import inspect
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from turbotrain.monitor.log import say
 
@@ -46,6 +48,29 @@ def build_optimizer(
     opt = cls(_param_groups(model, weight_decay), **kwargs)
     say(f"optimizer: {name} ({impl}), lr {lr:g}, weight decay {weight_decay:g}")
     return opt
+
+
+@torch.no_grad()  # DTensor.to_local with grad mode on goes through autograd: 30x slower
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """L2 norm of all gradients, and clipping to `max_norm` (inf: only the norm), as torch's
+    `clip_grad_norm_(foreach=True)` but on plain tensors: FSDP2's gradients are DTensors, and each DTensor op
+    pays a sharding dispatch per tensor (2× the host time of the whole clip on GPT-2's 148 parameters). The
+    squared norms of the local shards are summed over the ranks by one all-reduce, queued on the device
+    (no host sync). Returns the total norm as a 0-d device tensor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    total_sq = torch.stack(torch._foreach_norm(local, dtype=torch.float32)).square().sum()
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    if sharded:  # FSDP2: every gradient is a 1-D-mesh Shard(0) DTensor; the shards' squares add up
+        if len(sharded) != len(grads) or any(not pl.is_shard() for g in sharded for pl in g.placements):
+            raise NotImplementedError("clip_grad_norm: mixed or replicated DTensor gradients")
+        dist.all_reduce(total_sq, group=sharded[0].device_mesh.get_group())
+    total = total_sq.sqrt()
+    if max_norm != math.inf:
+        torch._foreach_mul_(local, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float = 0.1) -> float:

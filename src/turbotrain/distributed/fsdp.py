@@ -6,10 +6,15 @@ than the block computes (GPT-2 124M: 7M parameters a block, FSDP per block ran a
 "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block.
 Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
 with parallel.grad_compression="bf16"), fp32 sharded master weights.
+
+Host time matters at this size: a GPT-2 124M step is ~30 ms of GPU work, and FSDP2's per-parameter
+DTensor work can exceed it (then the GPU idles). Two things here cut it: the root stays gathered after
+forward, and the optimizer steps on the local shards (`shard_local_step`).
 """
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -48,5 +53,66 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, dtype: s
             # the last block's params are needed again at once by backward: keep them gathered
             reshard = cfg.reshard_after_forward and i < len(blocks) - 1
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
+    # the root stays gathered after forward: backward needs it first (with one unit, resharding it would
+    # all-gather the whole model twice a step, the second time with no compute to hide behind)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
+
+
+class _LocalShardStep:
+    """Mixin for an elementwise optimizer (AdamW, Adam, SGD) over FSDP2's DTensor parameters: `step()` runs
+    on the local shards, plain tensors that share storage with the parameters and the optimizer state, so the
+    fused/foreach kernels skip DTensor's dispatch (on GPT-2's 148 parameters: 4.7 ms → 0.6 ms of host time a
+    step on a CPU). The math is the same (each element is updated from its own gradient and state); the
+    optimizer's state, `state_dict` and checkpoints stay DTensor-keyed. The first step runs on the DTensors
+    (it creates the state); after a `load_state_dict` the views are rebuilt."""
+
+    _views: tuple[list[list[torch.Tensor]], dict, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    def _build_views(self) -> None:
+        def local(t):
+            return t._local_tensor if isinstance(t, DTensor) else t
+
+        groups, state, pairs = [], {}, []
+        for g in self.param_groups:
+            locs = []
+            for p in g["params"]:
+                lp = local(p).detach()  # a leaf plain tensor on the same storage
+                locs.append(lp)
+                pairs.append((p, lp))
+                if p in self.state:
+                    state[lp] = {k: local(v) for k, v in self.state[p].items()}
+            groups.append(locs)
+        self._views = (groups, state, pairs)
+
+    def step(self, *args, **kwargs):
+        if self._views is None or len(self._views[1]) != len(self.state):
+            if any(p not in self.state for g in self.param_groups for p in g["params"]):
+                return super().step(*args, **kwargs)  # the first step creates the state (as DTensors)
+            self._build_views()
+        groups, state, pairs = self._views
+        with torch.no_grad():
+            for p, lp in pairs:
+                lp.grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+        saved = [g["params"] for g in self.param_groups], self.state
+        try:
+            for g, locs in zip(self.param_groups, groups):
+                g["params"] = locs
+            self.state = state
+            return super().step(*args, **kwargs)
+        finally:
+            for g, params in zip(self.param_groups, saved[0]):
+                g["params"] = params
+            self.state = saved[1]
+            for _, lp in pairs:
+                lp.grad = None
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self._views = None
+
+
+def shard_local_step(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer object, stepping on local shards from now on (see `_LocalShardStep`)."""
+    opt.__class__ = type(f"ShardLocal{type(opt).__name__}", (_LocalShardStep, type(opt)), {})
+    return opt
