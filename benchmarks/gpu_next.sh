@@ -129,6 +129,8 @@ scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"; pack
   fi
+  tt scale "${common[@]}" run.name=blocks 'parallel.fsdp_units="blocks"' --gpus 2 --strategies fsdp > "$OUT/scale_blocks.log" 2>&1
+  cp "$RUNS/blocks-scale/scale.json" "$OUT/scale_blocks.json" && cat "$RUNS/blocks-scale/scale.md"; pack
   tt scale "${common[@]}" run.name=bf16red 'parallel.grad_compression="bf16"' --gpus 2 --strategies ddp,fsdp \
      > "$OUT/scale_bf16red.log" 2>&1
   cp "$RUNS/bf16red-scale/scale.json" "$OUT/scale_bf16red.json" && cat "$RUNS/bf16red-scale/scale.md" ;;
