@@ -120,19 +120,21 @@ fsdp1)  # issue 3: where FSDP2 loses to DDP on one GPU, where it communicates no
     sed -n '1,/^## Recommendations/p' "$RUNS/$label/profile/report.md"
     grep -A8 "^| op" "$RUNS/$label/profile/report.md"
   done ;;
-scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip 1.0) for DDP and FSDP2, plain DDP
-         # anchors beside it, then bf16 gradient reduction at 2 GPUs; most needed first (a timeout packs what finished)
+scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip 1.0) for DDP and FSDP2, then at
+         # 2 GPUs bf16 gradient reduction and FSDP2 per-block units, then the plain DDP anchors; most needed
+         # first (under `timeout`, what finished is packed)
   common=(gpt2-124m "${GPT2[@]}" ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'")
-  tt scale "${common[@]}" run.name=base --gpus $GPUS --strategies ddp,fsdp > "$OUT/scale_base.log" 2>&1
-  cp "$RUNS/base-scale/scale.json" "$OUT/scale_base.json" && cat "$RUNS/base-scale/scale.md"; pack
+  scale_part() {  # scale_part NAME ARGS...: one `turbotrain scale`, its table printed and packed
+    local name=$1; shift
+    tt scale "${common[@]}" run.name=$name "$@" > "$OUT/scale_$name.log" 2>&1
+    cp "$RUNS/$name-scale/scale.json" "$OUT/scale_$name.json" && { echo "== $name"; cat "$RUNS/$name-scale/scale.md"; }; pack
+  }
+  scale_part base --gpus $GPUS --strategies ddp,fsdp
+  scale_part bf16red 'parallel.grad_compression="bf16"' --gpus 2 --strategies ddp,fsdp
+  scale_part blocks 'parallel.fsdp_units="blocks"' --gpus 2 --strategies fsdp
   if [ "${DRY:-0}" != 1 ]; then
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
-      | grep '^{' | tee "$OUT/anchor_ddp.jsonl"; pack
-  fi
-  tt scale "${common[@]}" run.name=blocks 'parallel.fsdp_units="blocks"' --gpus 2 --strategies fsdp > "$OUT/scale_blocks.log" 2>&1
-  cp "$RUNS/blocks-scale/scale.json" "$OUT/scale_blocks.json" && cat "$RUNS/blocks-scale/scale.md"; pack
-  tt scale "${common[@]}" run.name=bf16red 'parallel.grad_compression="bf16"' --gpus 2 --strategies ddp,fsdp \
-     > "$OUT/scale_bf16red.log" 2>&1
-  cp "$RUNS/bf16red-scale/scale.json" "$OUT/scale_bf16red.json" && cat "$RUNS/bf16red-scale/scale.md" ;;
+      | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
+  fi ;;
 *) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
 esac; pack; done
