@@ -108,7 +108,7 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
         rows.append(_row(v, runs, variant_overrides(v, cfg)))
     for tool in compare:
         rows.append(_compare_row(tool, config, overrides, cfg, out, repeats))
-    _judge(rows, converge)
+    _judge(rows, converge, cfg.data.name == "synthetic")
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "device": _device_name(rows),
               "torch": torch.__version__, "repeats": repeats, "converge": converge,
               "synthetic_data": cfg.data.name == "synthetic", "steps": cfg.train.steps, "rows": rows}
@@ -162,8 +162,13 @@ def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Confi
     return _row(f"{tool} (bf16 + compile)", runs, [])
 
 
-def _judge(rows: list[dict], converge: bool) -> None:
+def _judge(rows: list[dict], converge: bool, synthetic: bool = False) -> None:
+    """Speedup, memory saving and a verdict per row. With --converge, parity is the issue's criterion for
+    the workload: a language model's val loss within 1 % of the baseline's, a classifier's accuracy within
+    0.3 pt (its val loss, noisier at the same accuracy, stays in the table but does not decide). On
+    synthetic data (random labels) the loss says nothing about convergence: no verdict on it."""
     base = next((r for r in rows if r["variant"] == "baseline" and r.get("samples_per_s")), None)
+    lm = base is not None and base.get("tokens_per_s") is not None
     for r in rows:
         if not r.get("samples_per_s") or base is None:
             continue
@@ -172,14 +177,14 @@ def _judge(rows: list[dict], converge: bool) -> None:
         notes = []
         if r is not base and r["speedup"] < 0.97:
             notes.append(f"slower than baseline ({r['speedup']:.2f}x)")
-        if base.get("val_loss") is not None and r.get("val_loss") is not None:
+        if base.get("val_loss") is not None and r.get("val_loss") is not None and not synthetic:
             r["val_loss_delta"] = r["val_loss"] / base["val_loss"] - 1
             tol = 0.01 if converge else 0.05
-            if r["val_loss_delta"] > tol:
+            if r["val_loss_delta"] > tol and (lm or not converge or r.get("val_acc") is None):
                 notes.append(f"hurts convergence (val loss {r['val_loss_delta']:+.1%})")
         if base.get("val_acc") is not None and r.get("val_acc") is not None:
             r["val_acc_delta_pt"] = 100 * (r["val_acc"] - base["val_acc"])
-            if converge and r["val_acc_delta_pt"] < -0.3:
+            if converge and not lm and r["val_acc_delta_pt"] < -0.3:
                 notes.append(f"hurts accuracy ({r['val_acc_delta_pt']:+.2f} pt)")
         if converge and r is not base:
             notes.append("parity held" if not any("hurts" in n for n in notes) else "parity missed")

@@ -35,3 +35,33 @@ def test_unknown_variant_is_a_user_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "turbotrain", "bench", f"run.out_dir={str(tmp_path)!r}",
                         "--variants", "baseline,warp"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error: --variants: unknown variant 'warp'")
+
+
+def _rows(kind: str, deltas: list[tuple[str, float, float]]) -> list[dict]:
+    """bench rows: (variant, val loss, val acc) after a baseline at loss 1.0 / accuracy 0.90."""
+    tok = 1000.0 if kind == "lm" else None
+    rows = [{"variant": "baseline", "samples_per_s": 10.0, "tokens_per_s": tok, "peak_mem_gib": 1.0,
+             "val_loss": 1.0, "val_acc": 0.90}]
+    for v, loss, acc in deltas:
+        rows.append({"variant": v, "samples_per_s": 10.0, "tokens_per_s": tok, "peak_mem_gib": 1.0,
+                     "val_loss": loss, "val_acc": acc})
+    return rows
+
+
+def test_converge_parity_follows_the_workloads_criterion():
+    from turbotrain.bench import _judge
+
+    lm = _rows("lm", [("bf16", 1.02, 0.90), ("tf32", 1.005, 0.85)])
+    _judge(lm, converge=True)  # language model: val loss within 1 %; accuracy does not decide
+    assert lm[1]["verdict"].endswith("parity missed") and "val loss +2.0%" in lm[1]["verdict"]
+    assert lm[2]["verdict"] == "parity held"
+    cls = _rows("classifier", [("bf16", 1.03, 0.898), ("fp16", 1.0, 0.895)])
+    _judge(cls, converge=True)  # classifier: accuracy within 0.3 pt; its val loss does not decide
+    assert cls[1]["verdict"] == "parity held" and cls[1]["val_loss_delta"] == pytest.approx(0.03)
+    assert cls[2]["verdict"].endswith("parity missed") and "-0.50 pt" in cls[2]["verdict"]
+    quick = _rows("classifier", [("bf16", 1.06, 0.90)])
+    _judge(quick, converge=False)  # a plain bench flags a val loss 5 % worse whatever the workload
+    assert "hurts convergence" in quick[1]["verdict"]
+    synthetic = _rows("classifier", [("accum", 1.06, 0.90)])
+    _judge(synthetic, converge=False, synthetic=True)  # random labels: the loss says nothing
+    assert synthetic[1]["verdict"] == "ok"
