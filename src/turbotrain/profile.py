@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import statistics
 import time
@@ -39,14 +40,18 @@ from turbotrain.trainer import Setup, build, first_train_step, peak_mem_gib, res
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
 
 
+MATMUL_WORDS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "conv1d", "conv2d", "conv3d", "conv"}
+
+
 def op_class(name: str) -> str:
     n = name.lower()
     if "nccl" in n or "allreduce" in n or "all_gather" in n or "reduce_scatter" in n:
         return "communication"
     if "memcpy" in n or "memset" in n or "copy_" in n or n.startswith("aten::to") or "cat" == n.split("::")[-1]:
         return "memory copy"
-    if any(k in n for k in ("mm", "gemm", "matmul", "conv", "linear", "attention", "flash", "sdpa", "cutlass",
-                            "sm90", "sm80", "xmma", "cudnn")):
+    words = set(re.split(r"[^a-z0-9]+", n))  # whole words: "mm" in aten::mm, not in GammaBetaBackward
+    if words & MATMUL_WORDS or any(k in n for k in ("gemm", "matmul", "convolution", "attention", "flash", "sdpa",
+                                                    "cutlass", "nvjet", "xmma", "cudnn", "wgmma")):
         return "matmul/conv/attention"
     return "elementwise/reduction/other"
 

@@ -65,3 +65,15 @@ def test_profiling_leaves_the_run_it_profiles_alone(tmp_path):
     assert {f: (run / f).read_text() for f in before} == before
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ckpts
     assert (run / "profile" / "report.json").exists()
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("aten::mm", "matmul/conv/attention"), ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul/conv/attention"),
+    ("triton_tem_fused_mm_0", "matmul/conv/attention"), ("aten::cudnn_convolution", "matmul/conv/attention"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTem", "elementwise/reduction/other"),
+    ("triton_poi_fused_convert_element_type_0", "elementwise/reduction/other"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"), ("Memcpy HtoD (Pinned -> Device)", "memory copy")])
+def test_op_classes_match_whole_words(name, cls):
+    from turbotrain.profile import op_class
+
+    assert op_class(name) == cls

@@ -23,10 +23,13 @@ class ParallelConfig:
     bucket_cap_mb: int = 25  # DDP gradient bucket size
     static_graph: bool = False  # DDP: same graph every step (lets DDP skip unused-parameter search)
     sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
-    reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (less memory, one more all-gather)
+    # FSDP2 per-block units: free a block's gathered params after its forward (less memory, one more
+    # all-gather in backward); the root (the whole model with fsdp_units="model") always stays gathered
+    reshard_after_forward: bool = True
     fsdp_units: Literal["auto", "blocks", "model"] = "auto"  # FSDP2 units; auto: per block once blocks are big
     straggler_ratio: float = 1.25  # warn when a rank's own time per step exceeds the others' median by this
-    # gradients reduced in bf16: half the bytes on the wire, ~3 significant digits (DDP: comm hook; FSDP2: reduce dtype)
+    # gradients reduced in bf16: half the bytes on the wire, ~3 significant digits (DDP: comm hook; FSDP2: reduce
+    # dtype). Measured on 2xH200, GPT-2 124M: FSDP2 +4 % per GPU; DDP 0.82x (the hook loses to native fp32 buckets)
     grad_compression: Literal["none", "bf16"] = "none"
 
     def __post_init__(self) -> None:
