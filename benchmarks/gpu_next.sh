@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The GPU runs still owed to issues #3 (2-GPU targets), #5 (GPU profiles, advice followed) and #6 (full
-# benches), in three calls sized to fit one session's 30 device-minutes with the machine starts.
+# The GPU runs owed to issues #3 (2-GPU targets), #5 (GPU profiles, advice followed) and #6 (full benches),
+# one part per call (parts can be chained in one call while it stays under 10 minutes).
 #
 #   here, once (no device time):     bash benchmarks/gpu_next.sh prepare    # .anchors and .data (both ignored)
-#   call 1, nvidia-h200:             bash benchmarks/gpu_next.sh bench-gpt       # carry .anchors .data
-#   call 2, nvidia-h200:             bash benchmarks/gpu_next.sh bench-resnet
-#   call 3, nvidia-h200:             bash benchmarks/gpu_next.sh converge profile
-#   call 4, nvidia-h200-x2:          bash benchmarks/gpu_next.sh scale            # (fsdp1 part: one GPU)
-#   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh bench-gpt bench-resnet converge profile scale
-# Time guesses from runs 1-6 (process start ~10 s, compile 20-60 s a run): bench-gpt ~8 min (10 variants,
-# 2 comparators, 3 anchors), bench-resnet ~8 min, converge + profile ~7 min, scale ~9 min. Four calls do
-# not fit one session's 30 device-minutes with machine starts: order them by what the open issue needs most.
+#   nvidia-h200 (carry .anchors .data), wall time measured 2026-11-22:
+#     fsdp1 profile        253 s   DDP vs FSDP2 profiled at one rank; GPT-2/CNN profiles and advice followed
+#     bench-gpt            374 s   every variant on GPT-2 124M, Accelerate/Fabric rows, anchors
+#     bench-gpt-compare    240 s   (REPEATS=2) the "all" row against Accelerate/Fabric, anchors
+#     bench-resnet         514 s   every variant on ResNet-50, Accelerate/Fabric rows, anchors
+#     converge             325 s   --converge on gpt-shakespeare and cnn-fashion
+#   nvidia-h200-x2:
+#     scale                422 s   DDP/FSDP2 1->2 GPUs, bf16 reduction, per-block units, plain DDP anchors
+#   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
+# A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
+# one session's 30 device-minutes; run each under `timeout` below the call's limit.
 #
 # Results land in $OUT/results.tar.gz (the device tool returns at most 8 files), rewritten after every part
 # so a call cut short still returns what finished; the tables print as each part ends. DRY=1 shrinks every
