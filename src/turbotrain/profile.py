@@ -306,7 +306,8 @@ def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict
     report = {
         "workload": s.cfg.run.name, "device": s.info["device_name"], "dtype": s.dtype, "torch": torch.__version__,
         "compile": s.info["compile"] and {**s.info["compile"], **compile_stats(), "fell_back": not s.compiled},
-        "strategy": s.strategy, "global_batch": s.global_batch, "step_ms_median": step_s * 1e3, "steps_profiled": active, "step_ms_profiled": [t * 1e3 for t in times[-active:]],
+        "strategy": s.strategy, "global_batch": s.global_batch, "step_ms_median": step_s * 1e3,
+        "steps_profiled": active, "step_ms_profiled": [t * 1e3 for t in times[-active:]],
         "breakdown_ms": {k: v * 1e3 for k, v in per.items()}, "breakdown_share": shares,
         "gpu_busy_share": gpu_busy, "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "

@@ -447,8 +447,7 @@ def _loop(s: Setup, t_start: float) -> dict:
 def _finite(s: Setup, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> bool:
     """A checkpoint of NaN weights would poison every resume: skip the save on a non-finite step
     (decided together, so every rank saves or none does)."""
-    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    bad = not math.isfinite(loss.item()) or (norm is not None and not math.isfinite(norm.item()))
+    bad = not math.isfinite(loss.item()) or (grad_norm is not None and not math.isfinite(grad_norm.item()))
     ok = all_mean([float(bad)], s.device)[0] == 0
     if not ok:
         say("warning: non-finite loss or gradients at a checkpoint step; checkpoint skipped")
@@ -475,10 +474,9 @@ def _log_step(s: Setup, done: int, loss, grad_norm, bad_streak: torch.Tensor, is
     dt, n, wait = meter.window(done, s.batches.wait_s)
     rate = n * s.global_batch / dt
     meter.record(rate)
-    norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(s.device), bad_streak.item()], s.device)  # over ranks
     row = {"step": done, "loss": loss_v, "lr": s.sched.get_last_lr()[0],
-           "grad_norm": norm.item() if norm is not None else None, **_throughput(s, rate, dt / n, wait / dt),
+           "grad_norm": grad_norm.item() if grad_norm is not None else None, **_throughput(s, rate, dt / n, wait / dt),
            "peak_mem_gib": round(peak, 4)}
     if s.env.world_size > 1:
         row.update(stragglers.update((fwd_timer.take() + wait) / n, done))

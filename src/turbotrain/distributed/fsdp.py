@@ -8,16 +8,18 @@ Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32
 with parallel.grad_compression="bf16"), fp32 sharded master weights.
 
 Host time matters at this size: a GPT-2 124M step is ~30 ms of GPU work, and FSDP2's per-parameter
-DTensor work can exceed it (then the GPU idles). Two things here cut it: the root stays gathered after
-forward, and the optimizer steps on the local shards (`shard_local_step`).
+DTensor work can exceed it (then the GPU idles). Three things cut it: the root stays gathered after
+forward, the optimizer steps on the local shards (`shard_local_step`), and so does clipping
+(`accel/optim.py: clip_grad_norm`). Measured on 2xH200: FSDP2 went from 0.72x DDP's tokens/s per GPU to
+1.04-1.14x (benchmarks/NOTES.md, session 3).
 """
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from turbotrain.accel.compile import find_blocks
 from turbotrain.accel.precision import autocast_dtype
