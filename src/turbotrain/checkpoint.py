@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from turbotrain.accel.compile import WithLoss
 from turbotrain.errors import UserError
 from turbotrain.files import sha256
 from turbotrain.monitor.log import say
@@ -59,11 +60,7 @@ def _fsync_tree(folder: Path) -> None:
 
 def param_shapes(model: nn.Module) -> dict[str, list[int]]:
     """Global (unsharded) shapes: a checkpoint from another model is refused by name and shape."""
-    out = {}
-    for name, p in model.named_parameters():
-        shape = p.shape if not hasattr(p, "full_tensor") else p.size()  # DTensor.size() is the global shape
-        out[name.replace("module.", "", 1) if name.startswith("module.") else name] = list(shape)
-    return out
+    return {name: list(p.size()) for name, p in _unwrap(model).named_parameters()}  # DTensor: the global size
 
 
 def _rng_state() -> tuple[dict, dict]:
@@ -247,4 +244,6 @@ class Checkpointer:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    """The user's model inside DDP and the loss wrapper: checkpoints are the same for every strategy."""
+    model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return model.model if isinstance(model, WithLoss) else model

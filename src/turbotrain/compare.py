@@ -20,7 +20,8 @@ from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.data.loader import Batches, StepSampler, build_dataset, resolve_loader_settings, use_device_resident
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
-from turbotrain.trainer import WithLoss, data_meta, peak_mem_gib, resolve_device, resolve_loss, seed_all, sync
+from turbotrain.accel.compile import WithLoss
+from turbotrain.trainer import data_meta, peak_mem_gib, resolve_device, resolve_loss, seed_all, sync
 
 
 def main(argv: list[str]) -> int:

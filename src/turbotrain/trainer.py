@@ -28,7 +28,8 @@ from torch.utils.data import Dataset, default_collate
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.attention import attention_backend
-from turbotrain.accel.compile import CompileConfig, apply_compile, compile_stats, disable_compile, is_compile_error
+from turbotrain.accel.compile import (CompileConfig, WithLoss, apply_compile, compile_stats, disable_compile,
+                                     is_compile_error)
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler, clip_grad_norm
 from turbotrain.checkpoint import Checkpointer, param_shapes
@@ -36,7 +37,7 @@ from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import (Batches, StepSampler, build_dataset, eval_batches,
                                     resolve_loader_settings, use_device_resident)
-from turbotrain.distributed.ddp import apply_ddp, grad_sync
+from turbotrain.distributed.ddp import DDP, apply_ddp, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean, init_distributed, resolve_strategy, shutdown
 from turbotrain.distributed.fsdp import apply_fsdp, per_block_units, shard_local_step
 from turbotrain.errors import UserError
@@ -92,20 +93,6 @@ def resolve_loss(name: str) -> LossFn | None:
     return {"cross_entropy": cross_entropy, "mse": mse}.get(name) or load_object(name, "train.loss")
 
 
-class WithLoss(nn.Module):
-    """model + loss as one module, so `scope="model"` compiles the loss into the same graph as the head
-    (no fp32 logits round trip through memory)."""
-
-    def __init__(self, model: nn.Module, loss_fn: LossFn | None):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.loss_fn is None:
-            return self.model(x, y)
-        return self.loss_fn(self.model(x), y)
-
-
 def data_meta(ds: Dataset) -> dict:
     """What a dataset tells the model factory (used only for args the config leaves out)."""
     keys = ("vocab_size", "block_size", "num_classes", "in_channels", "in_features")
@@ -134,7 +121,7 @@ class Setup:
     dtype: str
     run_dir: Path
     model: nn.Module  # as trained: wrapped by DDP / sharded by FSDP where asked
-    step_module: WithLoss
+    step_module: nn.Module  # what a step calls: WithLoss(model), or DDP(WithLoss(model))
     compiled: list[nn.Module]
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
@@ -239,7 +226,7 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
 
 
 def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy: str, device: torch.device,
-                world: int, dtype: str) -> tuple[nn.Module, WithLoss, list[nn.Module], CompileConfig]:
+                world: int, dtype: str) -> tuple[nn.Module, nn.Module, list[nn.Module], CompileConfig]:
     """Compile and data parallelism, in this order (torchtitan's), after activation checkpointing has
     wrapped the block forwards (so compile traces the recompute regions):
     1. per-block compile, before sharding/wrapping, so each block is one graph;
@@ -256,11 +243,12 @@ def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy:
     if strategy == "none" and cfg.parallel.grad_compression != "none":
         say("parallel.grad_compression: one process has no gradients to reduce; ignored")
     compiled = apply_compile(model, c) if c.scope == "blocks" else []
-    if strategy == "ddp":
-        model = apply_ddp(model, device, cfg.parallel)
-    elif strategy == "fsdp":
-        model = apply_fsdp(model, device, world, dtype, cfg.parallel)
-    step_module = WithLoss(model, loss_fn)
+    if strategy == "ddp":  # DDP wraps model + loss: dynamo breaks the graph at DDP's own forward, so the
+        model = step_module = apply_ddp(WithLoss(model, loss_fn), device, cfg.parallel)  # loss stays with the head
+    else:
+        if strategy == "fsdp":
+            model = apply_fsdp(model, device, world, dtype, cfg.parallel)
+        step_module = WithLoss(model, loss_fn)
     if c.scope == "model":
         compiled = apply_compile(step_module, c)
     return model, step_module, compiled, c
@@ -330,12 +318,13 @@ def evaluate(s: Setup) -> dict:
         return {}
     s.model.eval()
     loss_sum, correct, total, n = torch.zeros((), device=s.device), 0, 0, 0
-    loss_fn = s.step_module.loss_fn
+    wl = s.step_module.module if isinstance(s.step_module, DDP) else s.step_module  # eval needs no DDP
+    net, loss_fn = wl.model, wl.loss_fn
     for idx in batches:
         batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
         x, y = (t.to(s.device, non_blocking=True) for t in batch)
         with precision.autocast(s.dtype, s.device):
-            out = s.model(x, y) if loss_fn is None else s.model(x)
+            out = net(x, y) if loss_fn is None else net(x)
             loss_sum += (out if loss_fn is None else loss_fn(out, y)).float()
         n += 1
         if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():

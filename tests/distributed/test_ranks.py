@@ -70,6 +70,15 @@ def test_bf16_gradient_compression_stays_close(tmp_path, single, strategy):
     assert dist != single  # the reduction did run in bf16
 
 
+def test_ddp_compiles_model_and_loss_as_one_graph(tmp_path):
+    """DDP wraps model + loss: dynamo breaks the graph at DDP's forward, and the loss must land in the same
+    graph as the head (a separate loss graph keeps fp32 logits in memory: 14 % slower on an H200)."""
+    run(tmp_path, 1, *TINY, "run.name=g", "parallel.strategy=ddp", "data.batch_size=4", "compile.enabled=true",
+        'compile.backend="eager"')
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert not summary["compile_fell_back"] and summary["unique_graphs"] == 1
+
+
 def test_straggler_is_named(tmp_path):
     env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = run(tmp_path, 2, "mlp-seed", "model.name=\"slowpkg:build_model\"", "data.name=\"slowpkg:build_data\"",

@@ -7,7 +7,7 @@ step eagerly, printing the reason once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -25,6 +25,20 @@ class CompileConfig:
     fullgraph: bool = False
     backend: str = "inductor"  # any torch.compile backend ("aot_eager" to debug a compile problem)
     coordinate_descent_tuning: bool = False  # inductor tunes pointwise/reduction launch configs (slower compile)
+
+
+class WithLoss(nn.Module):
+    """model + loss as one module, so `scope="model"` compiles the loss into the same graph as the head
+    (no fp32 logits round trip through memory)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable | None):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.loss_fn is None:
+            return self.model(x, y)
+        return self.loss_fn(self.model(x), y)
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
