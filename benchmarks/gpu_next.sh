@@ -132,7 +132,7 @@ scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip
     tt scale "${common[@]}" run.name=$name "$@" > "$OUT/scale_$name.log" 2>&1
     cp "$RUNS/$name-scale/scale.json" "$OUT/scale_$name.json" && { echo "== $name"; cat "$RUNS/$name-scale/scale.md"; }; pack
   }
-  scale_part base --gpus $GPUS --strategies ddp,fsdp
+  scale_part base --gpus $GPUS --strategies ddp,fsdp --repeats ${SCALE_REPEATS:-1}  # 2: ~+200 s
   scale_part bf16red 'parallel.grad_compression="bf16"' --gpus 2 --strategies ddp,fsdp
   scale_part blocks 'parallel.fsdp_units="blocks"' --gpus 2 --strategies fsdp
   if [ "${DRY:-0}" != 1 ]; then

@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     sc.add_argument("--gpus", required=True, help="world sizes, e.g. 1,2,4,8 (CPU processes without a GPU)")
     sc.add_argument("--strategies", default="ddp", help="comma list of ddp,fsdp (default ddp)")
+    sc.add_argument("--repeats", type=int, default=1, help="runs per row; the median is reported with the spread")
     b = sub.add_parser("bench", help="what each technique buys: speed, memory, loss reached")
     b.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
     b.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         bad = [x for x in strategies if x not in ("ddp", "fsdp")]
         if not gpus or min(gpus) < 1 or bad:
             raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
-        run_scale(config, overrides, gpus, strategies)
+        if args.repeats < 1:
+            raise UserError("--repeats must be >= 1")
+        run_scale(config, overrides, gpus, strategies, args.repeats)
     elif args.command == "bench":
         from turbotrain.bench import run_bench
 

@@ -30,7 +30,9 @@ def _torchrun(n: int, config: str | None, overrides: list[str], log: Path) -> in
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
 
 
-def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str]) -> dict:
+def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
+              repeats: int = 1) -> dict:
+    """Each (strategy, world size) `repeats` times, in order; a row holds the median run and the spread."""
     cfg = load_config(config, overrides)  # validate once, before launching anything
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if on_gpu and max(gpus) > torch.cuda.device_count():
@@ -41,23 +43,31 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     for strategy in strategies:
         base = None
         for n in sorted(gpus):
-            name = f"{cfg.run.name}-scale-{strategy}-{n}"
-            extra = [f"parallel.strategy={strategy}", f"run.name={name}", "checkpoint.every=0"]
-            if not on_gpu:
-                extra.append("run.device=\"cpu\"")
             unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
-            say(f"scale: {strategy} on {n} {unit}")
-            rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
-            if rc != 0:
-                tail = (out / f"{name}.log").read_text().strip().splitlines()[-3:]
-                rows.append({"world_size": n, "strategy": strategy, "error": f"exit {rc}: {' | '.join(tail)[:300]}"})
+            runs, error = [], None
+            for r in range(repeats):
+                name = f"{cfg.run.name}-scale-{strategy}-{n}" + (f"-r{r}" if repeats > 1 else "")
+                extra = [f"parallel.strategy={strategy}", f"run.name={name}", "checkpoint.every=0"]
+                if not on_gpu:
+                    extra.append("run.device=\"cpu\"")
+                say(f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+                rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
+                if rc != 0:
+                    tail = (out / f"{name}.log").read_text().strip().splitlines()[-3:]
+                    error = f"exit {rc}: {' | '.join(tail)[:300]}"
+                    break
+                runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
+            if error:
+                rows.append({"world_size": n, "strategy": strategy, "error": error})
                 continue
-            s = json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text())
+            runs.sort(key=lambda x: x["samples_per_s"])
+            s = runs[(len(runs) - 1) // 2]  # the median run (the lower middle one for an even count)
             per_dev = s["samples_per_s"] / n
             base = per_dev if n == 1 else base
             row = {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
                    "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
                    "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
+                   "runs": len(runs), "spread_per_device": [runs[0]["samples_per_s"] / n, runs[-1]["samples_per_s"] / n],
                    "efficiency": per_dev / base if base else None, "target": TARGETS.get(n),
                    "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
                    "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
@@ -66,7 +76,7 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
               "performance_figure": on_gpu,
               "note": None if on_gpu else "CPU processes over gloo: a wiring check, not a performance figure",
-              "torch": torch.__version__, "rows": rows}
+              "torch": torch.__version__, "repeats": repeats, "rows": rows}
     write_report(out, "scale", result, format_table(result))
     say(f"scale: wrote {out / 'scale.json'}")
     return result
@@ -85,8 +95,13 @@ def format_table(result: dict) -> str:
         eff = f"{r['efficiency']:.1%}" if r["efficiency"] is not None else "—"
         flag = " ⚠ below target" if r["below_target"] else ""
         target = f"≥ {r['target']:.0%}" if r["target"] else "—"
-        lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f} | {eff}{flag} | {target} | "
+        lo, hi = r["spread_per_device"]
+        spread = f" ({lo / r['samples_per_s_per_device'] - 1:+.0%}/{hi / r['samples_per_s_per_device'] - 1:+.0%})" \
+            if r["runs"] > 1 else ""
+        lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f}{spread} | {eff}{flag} | {target} | "
                      f"{r['peak_mem_gib_per_device']:.2f} |")
+    if result.get("repeats", 1) > 1:
+        lines.append(f"\n_Median of {result['repeats']} runs per row; per device in brackets: the slowest and fastest run._")
     if result["note"]:
         lines.append(f"\n_{result['note']}_")
     return "\n".join(lines)

@@ -91,12 +91,16 @@ def test_straggler_is_named(tmp_path):
 
 def test_scale_writes_both_rows(tmp_path):
     r = subprocess.run([sys.executable, "-m", "turbotrain", "scale", *TINY, "train.steps=8",
-                        f"run.out_dir={str(tmp_path)!r}", "--gpus", "1,2"], capture_output=True, text=True, timeout=600)
+                        f"run.out_dir={str(tmp_path)!r}", "--gpus", "1,2", "--repeats", "2"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads((tmp_path / "gpt-shakespeare-scale" / "scale.json").read_text())
     rows = result["rows"]
     assert [row["world_size"] for row in rows] == [1, 2]
     assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"]
+    assert all(row["runs"] == 2 and row["spread_per_device"][0] <= row["samples_per_s_per_device"]
+               <= row["spread_per_device"][1] for row in rows)
+    assert "Median of 2 runs" in (tmp_path / "gpt-shakespeare-scale" / "scale.md").read_text()
     assert result["performance_figure"] is False and "not a performance figure" in r.stdout
 
 
