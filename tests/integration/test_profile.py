@@ -77,3 +77,24 @@ def test_op_classes_match_whole_words(name, cls):
     from turbotrain.profile import op_class
 
     assert op_class(name) == cls
+
+
+@pytest.mark.parametrize("strategy, units, expect, absent", [
+    ("ddp", "auto", {"parallel.bucket_cap_mb=100"}, {'parallel.grad_compression="bf16"'}),
+    ("fsdp", "model", {'parallel.grad_compression="bf16"'}, {"parallel.reshard_after_forward=false"}),
+    ("fsdp", "blocks", {'parallel.grad_compression="bf16"', "parallel.reshard_after_forward=false"}, set())])
+def test_communication_advice_follows_what_was_measured(strategy, units, expect, absent):
+    """bf16 reduction only for FSDP2 (DDP's hook measured slower); reshard advice only where units reshard."""
+    from types import SimpleNamespace
+
+    from turbotrain.models.gpt import build as build_gpt
+    from turbotrain.profile import verdict
+
+    cfg = load_config("gpt-shakespeare", [f'parallel.fsdp_units="{units}"'])
+    s = SimpleNamespace(cfg=cfg, device=torch.device("cuda"), strategy=strategy, dtype="bf16", info={},
+                        model=build_gpt(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32),
+                        batches=SimpleNamespace(resident=True))
+    shares = dict.fromkeys(PARTS, 0.0) | {"forward": 0.3, "backward": 0.4, "exposed_comm": 0.3}
+    kind, recs = verdict(shares, s, {})
+    advice = {r["set"] for r in recs}
+    assert kind == "communication-bound" and expect <= advice and not absent & advice
