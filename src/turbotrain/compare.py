@@ -2,7 +2,8 @@
 hyperparameters, fused kernel where there is one), LR schedule and clipping trained through HF Accelerate
 or Lightning Fabric with their own best settings (bf16 + compile), timed like ours. The loss is computed
 inside the module they compile, as their docs' examples and our anchors do (a loss outside the graph keeps
-fp32 logits in memory: 16 GiB instead of 8.5 on GPT-2 124M, and 14 % slower, measured on an H200).
+fp32 logits in memory: on GPT-2 124M, one H200, 16 GiB instead of 8.5 and 0.80-0.84x the speed;
+benchmarks/NOTES.md, session 3, runs 8 and 11).
 
 Run by bench in a fresh process: `python -m turbotrain.compare accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
 """

@@ -296,8 +296,7 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
         s.scaler.unscale_(s.opt)  # no-op unless fp16: grads back to true scale before clipping
         grad_norm = None
         if clip > 0 or want_norm:
-            params = [p for p in s.model.parameters() if p.grad is not None]
-            grad_norm = clip_grad_norm(params, clip if clip > 0 else math.inf)
+            grad_norm = clip_grad_norm(s.model.parameters(), clip if clip > 0 else math.inf)
         s.scaler.step(s.opt)  # fp16: skipped when grads hold inf/NaN
         s.scaler.update()
         s.opt.zero_grad(set_to_none=True)

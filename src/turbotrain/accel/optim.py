@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,7 @@ def build_optimizer(
 
 
 @torch.no_grad()  # DTensor.to_local with grad mode on goes through autograd: 30x slower
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
     """L2 norm of all gradients, and clipping to `max_norm` (inf: only the norm), as torch's
     `clip_grad_norm_(foreach=True)` but on plain tensors: FSDP2's gradients are DTensors, and each DTensor op
     pays a sharding dispatch per tensor (2× the host time of the whole clip on GPT-2's 148 parameters). The
