@@ -43,7 +43,7 @@ else
   BENCH=(); CONV_GPT=(--variants baseline,tf32,bf16,fp16,compile,accum,all)
   CONV_CNN=(--variants baseline,tf32,bf16,fp16,channels_last,compile,accum,all)
 fi
-GPUS=1,2
+GPUS=${GPUS:-1,2}
 bench_copy() {  # bench_copy NAME: the bench's table, json and chart into $OUT
   cp "$RUNS/$1-bench/bench.json" "$OUT/bench_$1.json"; cp "$RUNS/$1-bench/bench.md" "$OUT/bench_$1.md"
   cp "$RUNS/$1-bench/bench.png" "$OUT/bench_$1.png" 2>/dev/null; cat "$RUNS/$1-bench/bench.md"; echo
@@ -139,5 +139,25 @@ scale)  # issue 3: the acceptance command (preset gpt2-124m: bf16, compile, clip
     (cd .anchors && for n in 1 2; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee "$OUT/anchor_ddp.jsonl"
   fi ;;
-*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale)"; exit 2 ;;
+scale-ddp|scale-fsdp|scale-resnet)  # issues 3 and 7: one strategy/workload at world sizes $GPUS, longer timed window
+  # (SCALE_STEPS steps, 3 warm-up steps excluded) than the preset's 60, which moved 8 % between calls
+  case $part in
+    scale-ddp)    args=(gpt2-124m "${GPT2[@]}" --strategies ddp); name=ddp ;;
+    scale-fsdp)   args=(gpt2-124m "${GPT2[@]}" --strategies fsdp); name=fsdp ;;
+    scale-resnet) args=(resnet50-synthetic "${RESNET[@]}" --strategies ddp); name=resnet ;;
+  esac
+  tt scale "${args[@]}" --gpus $GPUS train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" \
+     run.name=$name ${SCALE_ARGS:-} > "$OUT/scale_$name.log" 2>&1 || tail -5 "$OUT/scale_$name.log"
+  cp "$RUNS/$name-scale/scale.json" "$OUT/scale_$name.json" && { echo "== $name"; cat "$RUNS/$name-scale/scale.md"; }
+  if [ $part = scale-ddp ] && [ "${DRY:-0}" != 1 ]; then  # plain PyTorch DDP at the same world sizes, same call
+    (cd .anchors && for n in ${GPUS//,/ }; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
+      | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
+  fi ;;
+profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
+  $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
+    ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"ddp\" ${SCALE_ARGS:-} run.out_dir="'$RUNS'" run.name=ddp2prof \
+    > "$OUT/profile_ddp2.log" 2>&1 || tail -8 "$OUT/profile_ddp2.log"
+  cp "$RUNS/ddp2prof/profile/report.json" "$OUT/profile_ddp2.json" 2>/dev/null
+  sed -n '1,/^## Recommendations/p' "$RUNS/ddp2prof/profile/report.md" ;;
+*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet profile-ddp2)"; exit 2 ;;
 esac; pack; done
