@@ -62,7 +62,9 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
     if not grads:
         return torch.zeros(())
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    total_sq = torch.stack(torch._foreach_norm(local, dtype=torch.float32)).square().sum()
+    # no dtype argument, as torch's own clip: with `dtype=torch.float32` here a DDP step of GPT-2 124M ran
+    # 3.6 % slower than unclipped, torch's clip 0.5 % (one H200, torch 2.11); norms are summed in fp32
+    total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
     sharded = [g for g in grads if isinstance(g, DTensor)]
     if sharded:  # FSDP2: every gradient is a 1-D-mesh Shard(0) DTensor; the shards' squares add up
         if len(sharded) != len(grads) or any(not pl.is_shard() for g in sharded for pl in g.placements):
