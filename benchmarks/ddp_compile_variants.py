@@ -52,6 +52,7 @@ for r in range(5):
     if big: torch.cuda.synchronize()
     ts.append((time.perf_counter() - t0) / 20)
 dt = statistics.median(ts)
-print(which, "clip", CLIP, "host_clip_ms", round(statistics.median(host_clip) * 1e3, 3) if host_clip else None, "ms/step", round(dt * 1e3, 2), "tok/s", round(B * T / dt), "graph_breaks", sum(counters["graph_break"].values()),
-      "unique_graphs", counters["stats"].get("unique_graphs"), flush=True)
+if dist.get_rank() == 0:  # world 2: rank 0 speaks for both
+    print(which, "clip", CLIP, "host_clip_ms", round(statistics.median(host_clip) * 1e3, 3) if host_clip else None, "ms/step", round(dt * 1e3, 2), "tok/s", round(B * T / dt), "graph_breaks", sum(counters["graph_break"].values()),
+          "unique_graphs", counters["stats"].get("unique_graphs"), flush=True)
 dist.destroy_process_group()
