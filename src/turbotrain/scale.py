@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,8 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
                 say(f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
                 rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
                 if rc != 0:
-                    tail = (out / f"{name}.log").read_text().strip().splitlines()[-3:]
-                    error = f"exit {rc}: {' | '.join(tail)[:300]}"
+                    error = f"exit {rc}: {_failure(out / f'{name}.log')}"
+                    say(f"scale: {strategy} on {n} {unit} failed ({error}); log: {out / f'{name}.log'}")
                     break
                 runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
             if error:
@@ -80,6 +81,17 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     write_report(out, "scale", result, format_table(result))
     say(f"scale: wrote {out / 'scale.json'}")
     return result
+
+
+def _failure(log: Path) -> str:
+    """A rank's own one-line error (what `turbotrain train` prints before exit 2), else the log's last lines
+    (torchrun's summary of a crash)."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    for line in lines:
+        m = re.search(r"(?:^|\]:)\s*error: (.+)", line)
+        if m:
+            return m.group(1)[:300]
+    return " | ".join(lines[-3:])[:300]
 
 
 def format_table(result: dict) -> str:
