@@ -11,6 +11,10 @@
 #     converge             325 s   --converge on gpt-shakespeare and cnn-fashion
 #   nvidia-h200-x2:
 #     scale                422 s   DDP/FSDP2 1->2 GPUs, bf16 reduction, per-block units, plain DDP anchors
+#   nvidia-h200-x4 (GPUS=1,2,4), session 4:
+#     scale-ddp profile-ddp2 scale-fsdp   539 s   (SCALE_STEPS=200) DDP with anchors, DDP profiled at 2 GPUs, FSDP2
+#     scale-resnet         ~110 s  ResNet-50 DDP (its 4-GPU run failed on the then 512-sample preset)
+#   next (one machine, GPUS=1,2): ddp-gap   ~400 s (estimated)   what our trainer adds to DDP, same-call anchors
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
 # A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
 # one session's 30 device-minutes; run each under `timeout` below the call's limit.
@@ -153,11 +157,28 @@ scale-ddp|scale-fsdp|scale-resnet)  # issues 3 and 7: one strategy/workload at w
     (cd .anchors && for n in ${GPUS//,/ }; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
   fi ;;
+ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU): the trainer's DDP with and
+          # without clipping, the anchor-shaped loop with our model (benchmarks/ddp_compile_variants.py: ours
+          # compiled as the trainer does, and traced by compiled autograd), and the plain-PyTorch anchor, at $GPUS
+  for clip in 1.0 0.0; do
+    tt scale gpt2-124m "${GPT2[@]}" --gpus $GPUS --strategies ddp train.steps=${SCALE_STEPS:-200} train.grad_clip=$clip \
+       ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap$clip > "$OUT/scale_gap$clip.log" 2>&1 \
+       || tail -5 "$OUT/scale_gap$clip.log"
+    cp "$RUNS/gap$clip-scale/scale.json" "$OUT/scale_gap$clip.json" && { echo "== clip $clip"; cat "$RUNS/gap$clip-scale/scale.md"; }
+  done
+  for n in ${GPUS//,/ }; do
+    for v in inplace_outer compiled_autograd; do
+      CLIP=ours $PY -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/ddp_compile_variants.py $v 2>&1 \
+        | grep -E "^world=|Error" | tail -1 | tee -a "$OUT/variants.txt"
+    done
+    [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp) 2>&1 | grep '^{' \
+      | tee -a "$OUT/anchor_ddp.jsonl"
+  done ;;
 profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
   $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
     ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"ddp\" ${SCALE_ARGS:-} run.out_dir="'$RUNS'" run.name=ddp2prof \
     > "$OUT/profile_ddp2.log" 2>&1 || tail -8 "$OUT/profile_ddp2.log"
   cp "$RUNS/ddp2prof/profile/report.json" "$OUT/profile_ddp2.json" 2>/dev/null
   sed -n '1,/^## Recommendations/p' "$RUNS/ddp2prof/profile/report.md" ;;
-*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet profile-ddp2)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet ddp-gap profile-ddp2)"; exit 2 ;;
 esac; pack; done
