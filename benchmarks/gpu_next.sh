@@ -14,7 +14,7 @@
 #   nvidia-h200-x4 (GPUS=1,2,4), session 4:
 #     scale-ddp profile-ddp2 scale-fsdp   539 s   (SCALE_STEPS=200) DDP with anchors, DDP profiled at 2 GPUs, FSDP2
 #     scale-resnet         ~110 s  ResNet-50 DDP (its 4-GPU run failed on the then 512-sample preset)
-#   next (one machine, GPUS=1,2): ddp-gap   ~400 s (estimated)   what our trainer adds to DDP, same-call anchors
+#   next (one machine, GPUS=1,2; timeout 570): ddp-gap   ~470 s (estimated)   what our trainer adds to DDP, anchors
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
 # A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
 # one session's 30 device-minutes; run each under `timeout` below the call's limit.
@@ -157,20 +157,20 @@ scale-ddp|scale-fsdp|scale-resnet)  # issues 3 and 7: one strategy/workload at w
     (cd .anchors && for n in ${GPUS//,/ }; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
   fi ;;
-ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU): the trainer's DDP with and
-          # without clipping, the anchor-shaped loop with our model (benchmarks/ddp_compile_variants.py: ours
-          # compiled as the trainer does, and traced by compiled autograd), and the plain-PyTorch anchor, at $GPUS
-  for clip in 1.0 0.0; do
-    tt scale gpt2-124m "${GPT2[@]}" --gpus $GPUS --strategies ddp train.steps=${SCALE_STEPS:-200} train.grad_clip=$clip \
-       ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap$clip > "$OUT/scale_gap$clip.log" 2>&1 \
-       || tail -5 "$OUT/scale_gap$clip.log"
-    cp "$RUNS/gap$clip-scale/scale.json" "$OUT/scale_gap$clip.json" && { echo "== clip $clip"; cat "$RUNS/gap$clip-scale/scale.md"; }
+ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU): the trainer's DDP as shipped
+          # (clip 1.0), without clipping, and with compile.autograd (DDP's reducer traced into one compiled
+          # backward); the anchor-shaped loop with our model (benchmarks/ddp_compile_variants.py); the anchor
+  for run in clip:train.grad_clip=1.0 noclip:train.grad_clip=0.0 autograd:compile.autograd=true; do
+    IFS=: read -r label setting <<< "$run"
+    tt scale gpt2-124m "${GPT2[@]}" --gpus $GPUS --strategies ddp train.steps=${SCALE_STEPS:-200} $setting \
+       ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label > "$OUT/scale_gap_$label.log" 2>&1 \
+       || tail -5 "$OUT/scale_gap_$label.log"
+    cp "$RUNS/gap_$label-scale/scale.json" "$OUT/scale_gap_$label.json" && { echo "== $label"; cat "$RUNS/gap_$label-scale/scale.md"; }
+    pack
   done
   for n in ${GPUS//,/ }; do
-    for v in inplace_outer compiled_autograd; do
-      CLIP=ours $PY -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/ddp_compile_variants.py $v 2>&1 \
-        | grep -E "^world=|Error" | tail -1 | tee -a "$OUT/variants.txt"
-    done
+    CLIP=ours $PY -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/ddp_compile_variants.py inplace_outer \
+      2>&1 | grep -E "^world=|Error" | tail -1 | tee -a "$OUT/variants.txt"
     [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp) 2>&1 | grep '^{' \
       | tee -a "$OUT/anchor_ddp.jsonl"
   done ;;

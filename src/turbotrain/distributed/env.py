@@ -74,6 +74,10 @@ def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise UserError(f"parallel.strategy ddp/fsdp runs under torchrun ({', '.join(missing)} not set): "
+                            "torchrun --nproc_per_node=N -m turbotrain train ...")
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
