@@ -123,6 +123,7 @@ class Setup:
     model: nn.Module  # as trained: wrapped by DDP / sharded by FSDP where asked
     step_module: nn.Module  # what a step calls: WithLoss(model), or DDP(WithLoss(model))
     compiled: list[nn.Module]
+    compile_cfg: CompileConfig  # as applied (parallelize may change mode or scope)
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -222,8 +223,8 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
                 resumed_from=start_step)
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {dtype} | parallel {strategy} | "
         f"global batch {micro * accum * world} = micro {micro} x accum {accum} x world {world} | data: {info['data_path']}")
-    return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, opt, sched, scaler,
-                 batches, val_ds, ckpt, start_step, fps, source, peak_flops(device, dtype), tokens, info)
+    return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, compile_cfg, opt, sched,
+                 scaler, batches, val_ds, ckpt, start_step, fps, source, peak_flops(device, dtype), tokens, info)
 
 
 def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy: str, device: torch.device,
@@ -295,7 +296,7 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
                 loss = s.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
             if fwd_timer:
                 fwd_timer.stop()
-            with phase("backward"), compiled_backward(s.cfg.compile):
+            with phase("backward"), compiled_backward(s.compile_cfg):
                 s.scaler.scale(loss).backward()
         loss_sum += loss.detach()
     with phase("optimizer"):
