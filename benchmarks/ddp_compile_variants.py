@@ -5,7 +5,7 @@ VARIANT (how compile meets DDP):
   inplace_outer        ours: DDP(WithLoss(model)).compile(); dynamo splits the graph at bucket boundaries
   torch_compile_outer  the anchor's: torch.compile(DDP(...))
   inplace_inner        WithLoss compiled in place, DDP around it
-  compiled_autograd    DDP's Python reducer traced into a compiled backward (dynamo's optimize_ddp="python_reducer")
+(compiled autograd is measured in the trainer itself: compile.autograd=true)
 Environment: CLIP=none|ours|torch|compiled adds clipping (ours: turbotrain's clip_grad_norm; torch:
 clip_grad_norm_(foreach=True); compiled: ours under torch.compile); BUCKET_MB sets DDP's bucket_cap_mb (25).
 Prints, from rank 0: median ms/step over 5 x 20 steps after 8 warm-up steps, tokens/s per GPU, the host time
@@ -13,7 +13,6 @@ of the clip call, graph breaks.
 
 Run: [CLIP=ours] torchrun --standalone --nproc_per_node=N benchmarks/ddp_compile_variants.py VARIANT
 """
-import contextlib
 import os
 import statistics
 import sys
@@ -22,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch._dynamo.utils import counters, maybe_enable_compiled_autograd
+from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from turbotrain.accel.compile import WithLoss
@@ -57,12 +56,8 @@ elif VARIANT == "torch_compile_outer":
 elif VARIANT == "inplace_inner":
     wl.compile()
     step = DDP(wl, **ddp)
-elif VARIANT == "compiled_autograd":
-    torch._dynamo.config.optimize_ddp = "python_reducer"  # read when DDP is built
-    step = torch.compile(DDP(wl, **ddp))
 else:
     raise SystemExit(f"unknown variant {VARIANT}")
-backward_ctx = (lambda: maybe_enable_compiled_autograd(True)) if VARIANT == "compiled_autograd" else contextlib.nullcontext
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
 data = torch.randint(0, V, (4, B, T + 1), device=dev, generator=torch.Generator(device=dev).manual_seed(dist.get_rank()))
 host_clip = []
@@ -72,8 +67,7 @@ def one(i):
     d = data[i % 4]
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         loss = step(d[:, :-1], d[:, 1:])
-    with backward_ctx():
-        loss.backward()
+    loss.backward()
     if clip_fn is not None:
         t0 = time.perf_counter()
         clip_fn(model.parameters(), 1.0)
