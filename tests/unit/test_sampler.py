@@ -1,6 +1,5 @@
 """The step sampler: the samples of step k are the same whatever the world size or micro split."""
 import pytest
-import torch
 
 from turbotrain.data.loader import StepSampler
 from turbotrain.errors import UserError
