@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.config import load_config
+from turbotrain.accel.compile import WithLoss
 from turbotrain.accel.optim import build_optimizer, build_scheduler
+from turbotrain.config import load_config
 from turbotrain.data.loader import Batches, StepSampler, build_dataset, resolve_loader_settings, use_device_resident
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
-from turbotrain.accel.compile import WithLoss
 from turbotrain.trainer import data_meta, peak_mem_gib, resolve_device, resolve_loss, seed_all, sync
 
 

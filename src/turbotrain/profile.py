@@ -27,15 +27,15 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from turbotrain.accel.attention import attention_backend
+from turbotrain.accel.compile import compile_stats
 from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
+from turbotrain.distributed.fsdp import per_block_units
 from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
-from turbotrain.accel.attention import attention_backend
-from turbotrain.accel.compile import compile_stats
-from turbotrain.distributed.fsdp import per_block_units
 from turbotrain.trainer import Setup, build, first_train_step, peak_mem_gib, resolve_device, sync, train_step
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
