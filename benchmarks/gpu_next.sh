@@ -14,7 +14,7 @@
 #   nvidia-h200-x4 (GPUS=1,2,4), session 4:
 #     scale-ddp profile-ddp2 scale-fsdp   539 s   (SCALE_STEPS=200) DDP with anchors, DDP profiled at 2 GPUs, FSDP2
 #     scale-resnet         ~110 s  ResNet-50 DDP (its 4-GPU run failed on the then 512-sample preset)
-#   next (one machine, GPUS=1,2; timeout 570): ddp-gap   ~470 s (estimated)   what our trainer adds to DDP, anchors
+#   next (nvidia-h200-x2, GPUS=1,2; timeout 580): ddp-gap   ~560 s (estimated)   our DDP and levers for it, anchors
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
 # A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
 # one session's 30 device-minutes; run each under `timeout` below the call's limit.
@@ -157,22 +157,30 @@ scale-ddp|scale-fsdp|scale-resnet)  # issues 3 and 7: one strategy/workload at w
     (cd .anchors && for n in ${GPUS//,/ }; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
   fi ;;
-ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU): the trainer's DDP as shipped
-          # (clip 1.0), without clipping, and with compile.autograd (DDP's reducer traced into one compiled
-          # backward); the anchor-shaped loop with our model (benchmarks/ddp_compile_variants.py); the anchor
-  for run in clip:train.grad_clip=1.0 noclip:train.grad_clip=0.0 autograd:compile.autograd=true; do
-    IFS=: read -r label setting <<< "$run"
-    tt scale gpt2-124m "${GPT2[@]}" --gpus $GPUS --strategies ddp train.steps=${SCALE_STEPS:-200} $setting \
-       ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label > "$OUT/scale_gap_$label.log" 2>&1 \
-       || tail -5 "$OUT/scale_gap_$label.log"
+ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU), most needed first: the
+          # trainer's DDP as shipped and the anchor; then one lever per run: NCCL held to 8 CTAs (fewer SMs taken
+          # from the backward it overlaps), NCCL on a high-priority stream, compile.autograd (DDP's reducer traced
+          # into one compiled backward), no clipping, 100 MB buckets; last the anchor-shaped loop with our model
+  gap_run() {  # gap_run LABEL GPUS [ENV=VALUE...] -- [SETTING...]: one `turbotrain scale` of DDP, packed
+    local label=$1 gpus=$2; shift 2; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+    env ${envs[@]+"${envs[@]}"} $PY -m turbotrain scale gpt2-124m "${GPT2[@]}" --gpus $gpus --strategies ddp \
+      train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label "$@" \
+      > "$OUT/scale_gap_$label.log" 2>&1 || tail -5 "$OUT/scale_gap_$label.log"
     cp "$RUNS/gap_$label-scale/scale.json" "$OUT/scale_gap_$label.json" && { echo "== $label"; cat "$RUNS/gap_$label-scale/scale.md"; }
     pack
-  done
+  }
+  anchor() { [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$1 anchor_ddp.py ddp) 2>&1 \
+    | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"; }
+  gap_run shipped $GPUS --
+  for n in ${GPUS//,/ }; do anchor $n; done; pack
+  gap_run ctas8 2 NCCL_MAX_CTAS=8 --
+  gap_run hiprio 2 TORCH_NCCL_HIGH_PRIORITY=1 --
+  gap_run autograd $GPUS -- compile.autograd=true
+  gap_run noclip $GPUS -- train.grad_clip=0.0
+  gap_run bucket100 2 -- parallel.bucket_cap_mb=100
   for n in ${GPUS//,/ }; do
     CLIP=ours $PY -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/ddp_compile_variants.py inplace_outer \
       2>&1 | grep -E "^world=|Error" | tail -1 | tee -a "$OUT/variants.txt"
-    [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp) 2>&1 | grep '^{' \
-      | tee -a "$OUT/anchor_ddp.jsonl"
   done ;;
 profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
   $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
