@@ -14,7 +14,7 @@
 #   nvidia-h200-x4 (GPUS=1,2,4), session 4:
 #     scale-ddp profile-ddp2 scale-fsdp   539 s   (SCALE_STEPS=200) DDP with anchors, DDP profiled at 2 GPUs, FSDP2
 #     scale-resnet         ~110 s  ResNet-50 DDP (its 4-GPU run failed on the then 512-sample preset)
-#   next (nvidia-h200-x2, GPUS=1,2; timeout 580): ddp-gap   ~560 s (estimated)   our DDP and levers for it, anchors
+#   next (nvidia-h200-x2, GPUS=1,2; timeout 575): ddp-gap   ~520 s (estimated)   DDP bucket sizes and clipping, anchors
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
 # A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
 # one session's 30 device-minutes; run each under `timeout` below the call's limit.
@@ -51,6 +51,19 @@ GPUS=${GPUS:-1,2}
 bench_copy() {  # bench_copy NAME: the bench's table, json and chart into $OUT
   cp "$RUNS/$1-bench/bench.json" "$OUT/bench_$1.json"; cp "$RUNS/$1-bench/bench.md" "$OUT/bench_$1.md"
   cp "$RUNS/$1-bench/bench.png" "$OUT/bench_$1.png" 2>/dev/null; cat "$RUNS/$1-bench/bench.md"; echo
+}
+
+gap_run() {  # gap_run LABEL GPUS [ENV=VALUE...] -- [SETTING...]: one `turbotrain scale` of GPT-2 DDP, table printed, packed
+  local label=$1 gpus=$2; shift 2; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+  env ${envs[@]+"${envs[@]}"} $PY -m turbotrain scale gpt2-124m "${GPT2[@]}" --gpus $gpus --strategies ddp \
+    train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label "$@" \
+    > "$OUT/scale_gap_$label.log" 2>&1 || tail -5 "$OUT/scale_gap_$label.log"
+  cp "$RUNS/gap_$label-scale/scale.json" "$OUT/scale_gap_$label.json" && { echo "== $label"; cat "$RUNS/gap_$label-scale/scale.md"; }
+  pack
+}
+anchor() {  # anchor N: plain PyTorch DDP + compile at N GPUs (skipped by DRY=1)
+  [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$1 anchor_ddp.py ddp) 2>&1 \
+    | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
 }
 
 for part in "$@"; do case $part in
@@ -157,31 +170,20 @@ scale-ddp|scale-fsdp|scale-resnet)  # issues 3 and 7: one strategy/workload at w
     (cd .anchors && for n in ${GPUS//,/ }; do torchrun --standalone --nproc_per_node=$n anchor_ddp.py ddp; done) 2>&1 \
       | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"
   fi ;;
-ddp-gap)  # issue 3, all on one machine (calls moved our DDP 410-431k tok/s at 1 GPU), most needed first: the
-          # trainer's DDP as shipped and the anchor; then one lever per run: NCCL held to 8 CTAs (fewer SMs taken
-          # from the backward it overlaps), NCCL on a high-priority stream, compile.autograd (DDP's reducer traced
-          # into one compiled backward), no clipping, 100 MB buckets; last the anchor-shaped loop with our model
-  gap_run() {  # gap_run LABEL GPUS [ENV=VALUE...] -- [SETTING...]: one `turbotrain scale` of DDP, packed
-    local label=$1 gpus=$2; shift 2; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
-    env ${envs[@]+"${envs[@]}"} $PY -m turbotrain scale gpt2-124m "${GPT2[@]}" --gpus $gpus --strategies ddp \
-      train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label "$@" \
-      > "$OUT/scale_gap_$label.log" 2>&1 || tail -5 "$OUT/scale_gap_$label.log"
-    cp "$RUNS/gap_$label-scale/scale.json" "$OUT/scale_gap_$label.json" && { echo "== $label"; cat "$RUNS/gap_$label-scale/scale.md"; }
-    pack
-  }
-  anchor() { [ "${DRY:-0}" = 1 ] || (cd .anchors && torchrun --standalone --nproc_per_node=$1 anchor_ddp.py ddp) 2>&1 \
-    | grep '^{' | tee -a "$OUT/anchor_ddp.jsonl"; }
-  gap_run shipped $GPUS --
+ddp-gap)  # issue 3, all on one machine, most needed first. Session 5's first call (this part as of commit 0659a13) found
+          # clipping costing our DDP 14 % at 1 GPU and 100 MB buckets +17 % at 2 GPUs: here 100 MB buckets at 1 and 2
+          # GPUs, the anchor, the 25 MB default again, 100 MB without clipping, clipping without DDP, 250 MB buckets
+  gap_run b100 $GPUS -- parallel.bucket_cap_mb=100
   for n in ${GPUS//,/ }; do anchor $n; done; pack
-  gap_run ctas8 2 NCCL_MAX_CTAS=8 --
-  gap_run hiprio 2 TORCH_NCCL_HIGH_PRIORITY=1 --
-  gap_run autograd $GPUS -- compile.autograd=true
-  gap_run noclip $GPUS -- train.grad_clip=0.0
-  gap_run bucket100 2 -- parallel.bucket_cap_mb=100
-  for n in ${GPUS//,/ }; do
-    CLIP=ours $PY -m torch.distributed.run --standalone --nproc_per_node=$n benchmarks/ddp_compile_variants.py inplace_outer \
-      2>&1 | grep -E "^world=|Error" | tail -1 | tee -a "$OUT/variants.txt"
-  done ;;
+  gap_run shipped $GPUS --
+  gap_run b100noclip $GPUS -- parallel.bucket_cap_mb=100 train.grad_clip=0.0
+  for clip in 1.0 0.0; do  # one process, no DDP: does clipping cost this much without it?
+    tt train gpt2-124m "${GPT2[@]}" train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} train.grad_clip=$clip \
+      run.out_dir="'$RUNS'" run.name=noddp_clip$clip > "$OUT/train_noddp_clip$clip.log" 2>&1
+    $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print('no DDP, clip', sys.argv[2], 'tok/s', round(d['tokens_per_s']))" \
+      "$RUNS/noddp_clip$clip/summary.json" $clip | tee -a "$OUT/noddp.txt"
+  done; pack
+  gap_run b250 $GPUS -- parallel.bucket_cap_mb=250 ;;
 profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
   $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
     ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"ddp\" ${SCALE_ARGS:-} run.out_dir="'$RUNS'" run.name=ddp2prof \
