@@ -196,7 +196,7 @@ def verdict(shares: dict, s: Setup, memory: dict) -> tuple[str, list[dict]]:
     elif comm >= 0.15:
         kind = "communication-bound"
         if s.strategy == "ddp":
-            rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 4}", f"{comm:.0%} of the step is "
+            rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 2}", f"{comm:.0%} of the step is "
                 "communication not hidden behind compute; larger buckets mean fewer, better-overlapped all-reduces", comm)
         # FSDP2 only: on DDP the bf16 comm hook measured slower than native fp32 buckets (0.82x, 2xH200)
         if s.strategy == "fsdp" and cfg.parallel.grad_compression == "none":

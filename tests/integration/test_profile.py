@@ -80,7 +80,7 @@ def test_op_classes_match_whole_words(name, cls):
 
 
 @pytest.mark.parametrize("strategy, units, expect, absent", [
-    ("ddp", "auto", {"parallel.bucket_cap_mb=100"}, {'parallel.grad_compression="bf16"'}),
+    ("ddp", "auto", {"parallel.bucket_cap_mb=200"}, {'parallel.grad_compression="bf16"'}),
     ("fsdp", "model", {'parallel.grad_compression="bf16"'}, {"parallel.reshard_after_forward=false"}),
     ("fsdp", "blocks", {'parallel.grad_compression="bf16"', "parallel.reshard_after_forward=false"}, set())])
 def test_communication_advice_follows_what_was_measured(strategy, units, expect, absent):
