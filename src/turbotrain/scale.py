@@ -33,7 +33,9 @@ def _torchrun(n: int, config: str | None, overrides: list[str], log: Path) -> in
 
 def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
               repeats: int = 1) -> dict:
-    """Each (strategy, world size) `repeats` times, in order; a row holds the median run and the spread."""
+    """Each (strategy, world size) `repeats` times; a row holds the median run and the spread. Repeats go in
+    rounds over the world sizes (1, 2, 1, 2, ...), so a machine that drifts during the call moves every world
+    size alike instead of one efficiency (a 2xH200 ran its first job 14 % slow, 2026-11-22)."""
     cfg = load_config(config, overrides)  # validate once, before launching anything
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if on_gpu and max(gpus) > torch.cuda.device_count():
@@ -42,11 +44,13 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for strategy in strategies:
-        base = None
-        for n in sorted(gpus):
-            unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
-            runs, error = [], None
-            for r in range(repeats):
+        runs: dict[int, list[dict]] = {n: [] for n in sorted(gpus)}
+        errors: dict[int, str] = {}
+        for r in range(repeats):
+            for n in runs:
+                if n in errors:
+                    continue
+                unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
                 name = f"{cfg.run.name}-scale-{strategy}-{n}" + (f"-r{r}" if repeats > 1 else "")
                 extra = [f"parallel.strategy={strategy}", f"run.name={name}", "checkpoint.every=0"]
                 if not on_gpu:
@@ -54,33 +58,43 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
                 say(f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
                 rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
                 if rc != 0:
-                    error = f"exit {rc}: {_failure(out / f'{name}.log')}"
-                    say(f"scale: {strategy} on {n} {unit} failed ({error}); log: {out / f'{name}.log'}")
-                    break
-                runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
-            if error:
-                rows.append({"world_size": n, "strategy": strategy, "error": error})
+                    errors[n] = f"exit {rc}: {_failure(out / f'{name}.log')}"
+                    say(f"scale: {strategy} on {n} {unit} failed ({errors[n]}); log: {out / f'{name}.log'}")
+                    continue
+                runs[n].append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
+        base = None
+        for n, done in runs.items():
+            if n in errors:
+                rows.append({"world_size": n, "strategy": strategy, "error": errors[n]})
                 continue
-            runs.sort(key=lambda x: x["samples_per_s"])
-            s = runs[(len(runs) - 1) // 2]  # the median run (the lower middle one for an even count)
-            per_dev = s["samples_per_s"] / n
-            base = per_dev if n == 1 else base
-            row = {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
-                   "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
-                   "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
-                   "runs": len(runs), "spread_per_device": [runs[0]["samples_per_s"] / n, runs[-1]["samples_per_s"] / n],
-                   "efficiency": per_dev / base if base else None, "target": TARGETS.get(n),
-                   "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
-                   "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
-            row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
-            rows.append(row)
+            rows.append(_row(strategy, n, done, base))
+            base = rows[-1]["samples_per_s_per_device"] if n == 1 else base
+    nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
               "performance_figure": on_gpu,
               "note": None if on_gpu else "CPU processes over gloo: a wiring check, not a performance figure",
-              "torch": torch.__version__, "repeats": repeats, "rows": rows}
+              "torch": torch.__version__, "repeats": repeats, "nccl_env": nccl_env, "rows": rows}
     write_report(out, "scale", result, format_table(result))
     say(f"scale: wrote {out / 'scale.json'}")
     return result
+
+
+def _row(strategy: str, n: int, runs: list[dict], base: float | None) -> dict:
+    """One table row from a world size's runs: the median run (the lower middle one for an even count)."""
+    runs = sorted(runs, key=lambda x: x["samples_per_s"])
+    s = runs[(len(runs) - 1) // 2]
+    per_dev = s["samples_per_s"] / n
+    if n == 1:
+        base = per_dev
+    row = {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
+           "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
+           "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
+           "runs": len(runs), "spread_per_device": [runs[0]["samples_per_s"] / n, runs[-1]["samples_per_s"] / n],
+           "efficiency": per_dev / base if base else None, "target": TARGETS.get(n),
+           "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
+           "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
+    row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
+    return row
 
 
 def _failure(log: Path) -> str:
@@ -108,12 +122,14 @@ def format_table(result: dict) -> str:
         flag = " ⚠ below target" if r["below_target"] else ""
         target = f"≥ {r['target']:.0%}" if r["target"] else "—"
         lo, hi = r["spread_per_device"]
-        spread = f" ({lo / r['samples_per_s_per_device'] - 1:+.0%}/{hi / r['samples_per_s_per_device'] - 1:+.0%})" \
+        spread = f" ({lo / r['samples_per_s_per_device'] - 1:+.1%}/{hi / r['samples_per_s_per_device'] - 1:+.1%})" \
             if r["runs"] > 1 else ""
         lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f}{spread} | {eff}{flag} | {target} | "
                      f"{r['peak_mem_gib_per_device']:.2f} |")
     if result.get("repeats", 1) > 1:
         lines.append(f"\n_Median of {result['repeats']} runs per row; per device in brackets: the slowest and fastest run._")
+    if result.get("nccl_env"):
+        lines.append("\n_Environment: " + " ".join(f"{k}={v}" for k, v in result["nccl_env"].items()) + "_")
     if result["note"]:
         lines.append(f"\n_{result['note']}_")
     return "\n".join(lines)

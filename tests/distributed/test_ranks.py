@@ -1,6 +1,7 @@
 """2 gloo ranks on a CPU through torchrun: DDP and FSDP2 equal one process; stragglers are named."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,17 +103,21 @@ def test_straggler_is_named(tmp_path):
 
 
 def test_scale_writes_both_rows(tmp_path):
+    """Repeats go in rounds over the world sizes; the NCCL environment of the call is recorded."""
     r = subprocess.run([sys.executable, "-m", "turbotrain", "scale", *TINY, "train.steps=8",
                         f"run.out_dir={str(tmp_path)!r}", "--gpus", "1,2", "--repeats", "2"],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "NCCL_MAX_CTAS": "8"})
     assert r.returncode == 0, r.stderr[-2000:]
+    order = re.findall(r"scale: ddp on (\d) .*\(repeat (\d)/2\)", r.stderr + r.stdout)
+    assert order == [("1", "1"), ("2", "1"), ("1", "2"), ("2", "2")]
     result = json.loads((tmp_path / "gpt-shakespeare-scale" / "scale.json").read_text())
     rows = result["rows"]
     assert [row["world_size"] for row in rows] == [1, 2]
     assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"]
     assert all(row["runs"] == 2 and row["spread_per_device"][0] <= row["samples_per_s_per_device"]
                <= row["spread_per_device"][1] for row in rows)
-    assert "Median of 2 runs" in (tmp_path / "gpt-shakespeare-scale" / "scale.md").read_text()
+    table = (tmp_path / "gpt-shakespeare-scale" / "scale.md").read_text()
+    assert "Median of 2 runs" in table and "NCCL_MAX_CTAS=8" in table and result["nccl_env"]["NCCL_MAX_CTAS"] == "8"
     assert result["performance_figure"] is False and "not a performance figure" in r.stdout
 
 
