@@ -28,8 +28,8 @@ from torch.utils.data import Dataset, default_collate
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.attention import attention_backend
-from turbotrain.accel.compile import (CompileConfig, WithLoss, apply_compile, compile_stats, compiled_backward,
-                                     disable_compile, failure_reason, is_compile_error)
+from turbotrain.accel.compile import (CompileConfig, WithLoss, apply_compile, compile_stats, disable_compile,
+                                     is_compile_error)
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler, clip_grad_norm
 from turbotrain.checkpoint import Checkpointer, param_shapes
@@ -123,7 +123,6 @@ class Setup:
     model: nn.Module  # as trained: wrapped by DDP / sharded by FSDP where asked
     step_module: nn.Module  # what a step calls: WithLoss(model), or DDP(WithLoss(model))
     compiled: list[nn.Module]
-    compile_cfg: CompileConfig  # as applied (parallelize may change mode or scope)
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -217,13 +216,12 @@ def build(cfg: Config, model: nn.Module | None = None, train_data: Dataset | Non
                 dtype=dtype, params=n_params, global_batch=micro * accum * world, micro_batch=micro, grad_accum=accum,
                 world_size=world, strategy=strategy, channels_last=channels_last,
                 activation_checkpointing=cfg.memory.activation_checkpointing, checkpointed_blocks=n_ckpt,
-                compile=compile_cfg.enabled and {"mode": compile_cfg.mode, "scope": compile_cfg.scope,
-                                                 "autograd": compile_cfg.autograd},
+                compile=compile_cfg.enabled and {"mode": compile_cfg.mode, "scope": compile_cfg.scope},
                 data_path="device-resident" if resident else f"DataLoader {settings}", torch=torch.__version__,
                 resumed_from=start_step)
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {dtype} | parallel {strategy} | "
         f"global batch {micro * accum * world} = micro {micro} x accum {accum} x world {world} | data: {info['data_path']}")
-    return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, compile_cfg, opt, sched,
+    return Setup(cfg, env, strategy, device, dtype, run_dir, model, step_module, compiled, opt, sched,
                  scaler, batches, val_ds, ckpt, start_step, fps, source, peak_flops(device, dtype), tokens, info)
 
 
@@ -244,11 +242,6 @@ def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy:
         c = replace(c, mode="default")
     if strategy == "none" and cfg.parallel.grad_compression != "none":
         say("parallel.grad_compression: one process has no gradients to reduce; ignored")
-    if c.autograd and strategy == "fsdp":
-        raise UserError("compile.autograd=true: not supported with parallel.strategy=fsdp; use ddp or none")
-    # DDP reads this when built: its C++ reducer (dynamo splits the forward graph at bucket boundaries), or
-    # its Python reducer, which compiled autograd traces into the backward graph
-    torch._dynamo.config.optimize_ddp = "python_reducer" if c.autograd else "ddp_optimizer"
     compiled = apply_compile(model, c) if c.scope == "blocks" else []
     if strategy == "ddp":  # DDP wraps model + loss: dynamo breaks the graph at DDP's own forward, so the
         model = step_module = apply_ddp(WithLoss(model, loss_fn), device, cfg.parallel)  # loss stays with the head
@@ -296,7 +289,7 @@ def train_step(s: Setup, micro_batches: list, want_norm: bool = True,
                 loss = s.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
             if fwd_timer:
                 fwd_timer.stop()
-            with phase("backward"), compiled_backward(s.compile_cfg):
+            with phase("backward"):
                 s.scaler.scale(loss).backward()
         loss_sum += loss.detach()
     with phase("optimizer"):
@@ -497,9 +490,6 @@ def first_train_step(s: Setup, micro: list):
     except Exception as e:
         if not is_compile_error(e):
             raise
-        if s.cfg.compile.autograd:  # DDP's Python reducer only reduces inside a compiled backward
-            raise UserError(f"compile failed with compile.autograd=true ({failure_reason(e)}); "
-                            "set compile.autograd=false") from None
         disable_compile(s.compiled, e)
         s.compiled = []
         s.opt.zero_grad(set_to_none=True)

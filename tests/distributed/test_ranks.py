@@ -71,18 +71,6 @@ def test_bf16_gradient_compression_stays_close(tmp_path, single, strategy):
     assert dist != single  # the reduction did run in bf16
 
 
-@pytest.mark.parametrize("micro, accum", [(4, 1), (2, 2)])
-def test_ddp_with_compiled_autograd_equals_one_process(tmp_path, single, micro, accum):
-    """compile.autograd: DDP's Python reducer traced into the compiled backward, no graph breaks; the
-    all-reduce still happens (and only on the last micro-batch of an accumulation)."""
-    run(tmp_path, 2, *TINY, "run.name=ca", "parallel.strategy=ddp", f"data.batch_size={micro}",
-        f"train.grad_accum={accum}", "compile.enabled=true", "compile.autograd=true", 'compile.backend="aot_eager"')
-    assert losses(tmp_path, "ca") == pytest.approx(single, rel=1e-4)
-    assert losses(tmp_path, "ca", "grad_norm") == pytest.approx(single_norms, rel=1e-4)
-    summary = json.loads((tmp_path / "ca" / "summary.json").read_text())
-    assert summary["graph_breaks"] == 0 and summary["compiled_autograd_captures"] == accum
-
-
 def test_ddp_compiles_model_and_loss_as_one_graph(tmp_path):
     """DDP wraps model + loss: dynamo breaks the graph at DDP's forward, and the loss must land in the same
     graph as the head (a separate loss graph keeps fp32 logits in memory: 0.80-0.84x on an H200)."""

@@ -39,7 +39,6 @@ CASES = [
     ("user-data-bad-arg", ["mlp-seed", *TINY_MLP, "data.args.no_such_arg=1"], ["data.args", "no_such_arg"]),
     ("gpt-heads-mismatch", ["gpt2-124m", "model.args.n_embd=32", "model.args.n_head=3", "data.args.size=64",
                             "data.args.seq_len=32", "model.args.block_size=32"], ["model.args.n_embd", "n_head"]),
-    ("autograd-no-compile", ["gpt-shakespeare", "compile.autograd=true"], ["compile.autograd", "compile.enabled"]),
     ("ddp-without-torchrun", ["mlp-seed", "parallel.strategy=ddp", 'run.device="cpu"'], ["torchrun", "RANK"]),
     ("resnet-depth", ["resnet50-synthetic", "model.args.depth=18", "data.args.size=8", "data.batch_size=4",
                       "data.args.shape=[3,32,32]"], ["model.args.depth = 18", "50"]),

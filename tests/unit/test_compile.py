@@ -4,8 +4,7 @@ import torch
 from tests.helpers import losses, tiny_gpt
 from turbotrain.accel.compile import CompileConfig, apply_compile
 from turbotrain.models.gpt import build as build_gpt
-from turbotrain.errors import UserError
-from turbotrain.trainer import parallelize, train
+from turbotrain.trainer import train
 
 
 @torch._dynamo.register_backend
@@ -40,23 +39,3 @@ def test_scope_blocks_compiles_each_block_and_keeps_state_dict_keys():
 
 def test_disabled_compile_is_a_no_op():
     assert apply_compile(torch.nn.Linear(2, 2), CompileConfig(enabled=False)) == []
-
-
-def test_compiled_autograd_matches_eager_and_never_falls_back(tmp_path):
-    """compile.autograd traces the backward too (captures counted); a compiler failure is an error, not a
-    silent fall back (under DDP the Python reducer would then skip the all-reduce)."""
-    train(tiny_gpt(tmp_path, "run.name=eager", "train.steps=3"))
-    s = train(tiny_gpt(tmp_path, "run.name=ca", "train.steps=3", "compile.enabled=true", "compile.autograd=true",
-                       "compile.backend=aot_eager"))
-    assert s["compiled_autograd_captures"] >= 1 and s["compile"]["autograd"] is True
-    assert losses(tmp_path, "ca") == pytest.approx(losses(tmp_path, "eager"), rel=1e-5)
-    with pytest.raises(UserError, match="compile.autograd=true.*planted compiler failure"):
-        train(tiny_gpt(tmp_path, "run.name=broken", "compile.enabled=true", "compile.autograd=true",
-                       "compile.backend=tt_broken_backend"))
-
-
-def test_compiled_autograd_is_refused_with_fsdp(tmp_path):
-    cfg = tiny_gpt(tmp_path, "compile.enabled=true", "compile.autograd=true")
-    with pytest.raises(UserError, match="fsdp"):
-        parallelize(build_gpt(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16), None, cfg, "fsdp",
-                    torch.device("cpu"), 1, "fp32")

@@ -6,14 +6,12 @@ step eagerly, printing the reason once.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
 from torch import nn
 
-from turbotrain.errors import UserError
 from turbotrain.monitor.log import say
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -27,13 +25,6 @@ class CompileConfig:
     fullgraph: bool = False
     backend: str = "inductor"  # any torch.compile backend ("aot_eager" to debug a compile problem)
     coordinate_descent_tuning: bool = False  # inductor tunes pointwise/reduction launch configs (slower compile)
-    # compiled autograd: the whole backward is traced at run time and compiled as one graph; under DDP the
-    # gradient all-reduces are traced into it (no graph breaks at bucket boundaries). No eager fallback.
-    autograd: bool = False
-
-    def __post_init__(self) -> None:
-        if self.autograd and not self.enabled:
-            raise UserError("compile.autograd=true needs compile.enabled=true")
 
 
 class WithLoss(nn.Module):
@@ -89,17 +80,6 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     return targets
 
 
-def compiled_backward(cfg: CompileConfig) -> contextlib.AbstractContextManager:
-    """Wrap `loss.backward()`: with compile.autograd, autograd's graph (DDP's reducer hooks included) is
-    traced and compiled; otherwise nothing."""
-    if not cfg.autograd:
-        return contextlib.nullcontext()
-    from torch._dynamo import compiled_autograd
-
-    kwargs = dict(mode=cfg.mode) if cfg.backend == "inductor" else {}
-    return compiled_autograd._enable(lambda gm: torch.compile(gm, backend=cfg.backend, fullgraph=True, **kwargs))
-
-
 def is_compile_error(exc: BaseException) -> bool:
     """Errors raised by dynamo/inductor (as opposed to errors of the model's own code)."""
     mod = type(exc).__module__ or ""
@@ -108,18 +88,14 @@ def is_compile_error(exc: BaseException) -> bool:
     )
 
 
-def failure_reason(exc: BaseException) -> str:
-    """The compiler's own error in one line, not dynamo's wrapper around it."""
-    root = exc
-    while getattr(root, "inner_exception", None) or root.__cause__:
-        root = getattr(root, "inner_exception", None) or root.__cause__
-    text = str(root).strip()
-    return f"{type(root).__name__}: {text.splitlines()[0][:300] if text else ''}"
-
-
 def disable_compile(compiled: list[nn.Module], exc: BaseException) -> None:
     """Fall back to eager for every compiled module, saying why once."""
-    say(f"compile: failed ({failure_reason(exc)}); falling back to eager")
+    root = exc
+    while getattr(root, "inner_exception", None) or root.__cause__:  # the compiler's own error, not dynamo's wrapper
+        root = getattr(root, "inner_exception", None) or root.__cause__
+    text = str(root).strip()
+    reason = f"{type(root).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    say(f"compile: failed ({reason}); falling back to eager")
     for m in compiled:
         m._compiled_call_impl = None
     torch._dynamo.reset()
@@ -135,5 +111,4 @@ def compile_stats() -> dict:
         "graph_break_reasons": sorted(counters["graph_break"])[:5],
         "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
         "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0,
-        "compiled_autograd_captures": int(counters["compiled_autograd"].get("captures", 0)),
     }
