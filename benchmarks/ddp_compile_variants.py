@@ -5,9 +5,9 @@ VARIANT (how compile meets DDP):
   inplace_outer        ours: DDP(WithLoss(model)).compile(); dynamo splits the graph at bucket boundaries
   torch_compile_outer  the anchor's: torch.compile(DDP(...))
   inplace_inner        WithLoss compiled in place, DDP around it
-(compiled autograd is measured in the trainer itself: compile.autograd=true)
 Environment: CLIP=none|ours|torch|compiled adds clipping (ours: turbotrain's clip_grad_norm; torch:
-clip_grad_norm_(foreach=True); compiled: ours under torch.compile); BUCKET_MB sets DDP's bucket_cap_mb (25).
+clip_grad_norm_(foreach=True); compiled: ours under torch.compile); BUCKET_MB sets DDP's bucket_cap_mb (25, torch's
+default and the anchor's; the trainer's is 100).
 Prints, from rank 0: median ms/step over 5 x 20 steps after 8 warm-up steps, tokens/s per GPU, the host time
 of the clip call, graph breaks.
 
