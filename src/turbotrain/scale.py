@@ -67,8 +67,11 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
             if n in errors:
                 rows.append({"world_size": n, "strategy": strategy, "error": errors[n]})
                 continue
-            rows.append(_row(strategy, n, done, base))
-            base = rows[-1]["samples_per_s_per_device"] if n == 1 else base
+            row = _row(strategy, n, done)
+            base = row["samples_per_s_per_device"] if n == 1 else base
+            row["efficiency"] = row["samples_per_s_per_device"] / base if base else None
+            row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
+            rows.append(row)
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
               "performance_figure": on_gpu,
@@ -79,22 +82,18 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     return result
 
 
-def _row(strategy: str, n: int, runs: list[dict], base: float | None) -> dict:
-    """One table row from a world size's runs: the median run (the lower middle one for an even count)."""
+def _row(strategy: str, n: int, runs: list[dict]) -> dict:
+    """One table row from a world size's runs: the median run (the lower middle one for an even count), so
+    every figure of the row comes from one run."""
     runs = sorted(runs, key=lambda x: x["samples_per_s"])
     s = runs[(len(runs) - 1) // 2]
     per_dev = s["samples_per_s"] / n
-    if n == 1:
-        base = per_dev
-    row = {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
-           "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
-           "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
-           "runs": len(runs), "spread_per_device": [runs[0]["samples_per_s"] / n, runs[-1]["samples_per_s"] / n],
-           "efficiency": per_dev / base if base else None, "target": TARGETS.get(n),
-           "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
-           "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
-    row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
-    return row
+    return {"world_size": n, "strategy": strategy, "samples_per_s": s["samples_per_s"],
+            "samples_per_s_per_device": per_dev, "tokens_per_s": s.get("tokens_per_s"),
+            "tokens_per_s_per_device": s["tokens_per_s"] / n if s.get("tokens_per_s") else None,
+            "runs": len(runs), "spread_per_device": [runs[0]["samples_per_s"] / n, runs[-1]["samples_per_s"] / n],
+            "target": TARGETS.get(n), "peak_mem_gib_per_device": s.get("peak_mem_gib"), "mfu": s.get("mfu"),
+            "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
 
 
 def _failure(log: Path) -> str:
