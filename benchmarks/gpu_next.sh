@@ -54,9 +54,9 @@ bench_copy() {  # bench_copy NAME: the bench's table, json and chart into $OUT
   cp "$RUNS/$1-bench/bench.png" "$OUT/bench_$1.png" 2>/dev/null; cat "$RUNS/$1-bench/bench.md"; echo
 }
 
-gap_run() {  # gap_run LABEL GPUS [ENV=VALUE...] -- [SETTING...]: one `turbotrain scale` of GPT-2 DDP, table printed, packed
+gap_run() {  # gap_run LABEL GPUS [ENV=VALUE...] -- [SETTING...]: one `turbotrain scale` of GPT-2 (DDP; GAP_STRATEGY=fsdp)
   local label=$1 gpus=$2; shift 2; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
-  env ${envs[@]+"${envs[@]}"} $PY -m turbotrain scale gpt2-124m "${GPT2[@]}" --gpus $gpus --strategies ddp \
+  env ${envs[@]+"${envs[@]}"} $PY -m turbotrain scale gpt2-124m "${GPT2[@]}" --gpus $gpus --strategies ${GAP_STRATEGY:-ddp} \
     train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=gap_$label "$@" \
     > "$OUT/scale_gap_$label.log" 2>&1 || tail -5 "$OUT/scale_gap_$label.log"
   cp "$RUNS/gap_$label-scale/scale.json" "$OUT/scale_gap_$label.json" && { echo "== $label"; cat "$RUNS/gap_$label-scale/scale.md"; }
@@ -185,11 +185,17 @@ ddp-gap)  # issue 3, all on one machine, most needed first. Session 5's first ca
       "$RUNS/noddp_clip$clip/summary.json" $clip | tee -a "$OUT/noddp.txt"
   done; pack
   gap_run b250 $GPUS -- parallel.bucket_cap_mb=250 ;;
+fsdp-units)  # issue 3: FSDP2 units of several blocks (overlap at a few units' host cost) against one unit and DDP, 2 GPUs
+  gap_run ddp 2 --
+  for u in model 2 3 4; do GAP_STRATEGY=fsdp gap_run fsdp_$u 2 -- parallel.fsdp_units=$u; done
+  GAP_STRATEGY=fsdp gap_run fsdp_3_keep 2 -- parallel.fsdp_units=3 parallel.reshard_after_forward=false
+  GAP_STRATEGY=fsdp gap_run fsdp_3_blockcompile 2 -- parallel.fsdp_units=3 compile.scope=\"blocks\"
+  gap_run ddp_again 2 -- ;;  # drift over the call
 profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
   $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
     ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"ddp\" ${SCALE_ARGS:-} run.out_dir="'$RUNS'" run.name=ddp2prof \
     > "$OUT/profile_ddp2.log" 2>&1 || tail -8 "$OUT/profile_ddp2.log"
   cp "$RUNS/ddp2prof/profile/report.json" "$OUT/profile_ddp2.json" 2>/dev/null
   sed -n '1,/^## Recommendations/p' "$RUNS/ddp2prof/profile/report.md" ;;
-*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet ddp-gap profile-ddp2)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet ddp-gap fsdp-units profile-ddp2)"; exit 2 ;;
 esac; pack; done

@@ -32,7 +32,7 @@ from turbotrain.accel.compile import compile_stats
 from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
-from turbotrain.distributed.fsdp import per_block_units
+from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.files import write_report
 from turbotrain.monitor import phases
 from turbotrain.monitor.log import say
@@ -201,7 +201,7 @@ def verdict(shares: dict, s: Setup, memory: dict) -> tuple[str, list[dict]]:
         # FSDP2 only: on DDP the bf16 comm hook measured slower than native fp32 buckets (0.82x, 2xH200)
         if s.strategy == "fsdp" and cfg.parallel.grad_compression == "none":
             rec('parallel.grad_compression="bf16"', "gradients reduced in bf16 move half the bytes", comm)
-        if s.strategy == "fsdp" and cfg.parallel.reshard_after_forward and per_block_units(s.model, cfg.parallel.fsdp_units):
+        if s.strategy == "fsdp" and cfg.parallel.reshard_after_forward and unit_groups(s.model, cfg.parallel.fsdp_units):
             rec("parallel.reshard_after_forward=false", "keeping gathered parameters from forward to backward "
                 "saves one all-gather per step (more memory)", comm)
         rec(f"train.grad_accum={cfg.train.grad_accum * 2}", "accumulating more micro-batches reduces gradients "

@@ -39,7 +39,7 @@ from turbotrain.data.loader import (Batches, StepSampler, build_dataset, eval_ba
                                     resolve_loader_settings, use_device_resident)
 from turbotrain.distributed.ddp import DDP, apply_ddp, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean, init_distributed, resolve_strategy, shutdown
-from turbotrain.distributed.fsdp import apply_fsdp, per_block_units, shard_local_step
+from turbotrain.distributed.fsdp import apply_fsdp, shard_local_step, unit_groups
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
 from turbotrain.monitor.alerts import Alerts
@@ -234,7 +234,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy:
     3. whole-model compile last, over the DDP-wrapped model: dynamo splits the graph at bucket
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     c = cfg.compile
-    if strategy == "fsdp" and c.enabled and c.scope == "model" and per_block_units(model, cfg.parallel.fsdp_units):
+    groups = unit_groups(model, cfg.parallel.fsdp_units) if strategy == "fsdp" else []
+    if c.enabled and c.scope == "model" and groups and max(map(len, groups)) == 1:
         say("compile: FSDP2 per-block units compile per block (scope=blocks); a whole-model graph would break at every unit")
         c = replace(c, scope="blocks")
     if strategy != "none" and c.enabled and c.mode == "reduce-overhead":

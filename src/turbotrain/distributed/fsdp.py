@@ -30,31 +30,41 @@ from turbotrain.monitor.log import say
 BLOCK_PARAMS_FOR_UNITS = 50_000_000
 
 
-def per_block_units(model: nn.Module, setting: str) -> bool:
-    """Whether each block becomes its own FSDP unit (decided before compile, which depends on it)."""
+def unit_groups(model: nn.Module, setting: str | int) -> list[list[nn.Module]]:
+    """The FSDP units under the root, as runs of consecutive blocks ([]: the model is one unit).
+    setting: "model" (one unit), "blocks" (a unit per block), N (N units of about equal runs of blocks), or
+    "auto" (a unit per block once blocks reach BLOCK_PARAMS_FOR_UNITS parameters, else one unit)."""
     blocks = find_blocks(model)
     if blocks is None or setting == "model":
-        return False
-    if setting == "blocks":
-        return True
-    return max(sum(p.numel() for p in b.parameters()) for b in blocks) >= BLOCK_PARAMS_FOR_UNITS
+        return []
+    if setting == "auto":
+        big = max(sum(p.numel() for p in b.parameters()) for b in blocks) >= BLOCK_PARAMS_FOR_UNITS
+        n = len(blocks) if big else 1
+    else:
+        n = len(blocks) if setting == "blocks" else min(setting, len(blocks))
+    if n <= 1:
+        return []
+    bounds = [round(i * len(blocks) / n) for i in range(n + 1)]
+    return [list(blocks[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, dtype: str, cfg: ParallelConfig) -> nn.Module:
-    """Shard per block (or as one unit), then the root. Usage: `model = apply_fsdp(model, device, 8, "bf16", cfg)`."""
+    """Shard each unit of blocks (or the model as one unit), then the root.
+    Usage: `model = apply_fsdp(model, device, 8, "bf16", cfg)`."""
     mesh = init_device_mesh(device.type, (world_size,))
     param_dtype = autocast_dtype(dtype)
     reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = find_blocks(model)
-    if not per_block_units(model, cfg.fsdp_units):
-        say("fsdp: sharding the model as one unit" + (" (no repeated blocks)" if blocks is None else
-            f" (blocks under {BLOCK_PARAMS_FOR_UNITS / 1e6:.0f}M params; parallel.fsdp_units=\"blocks\" to shard each)"))
+    groups = unit_groups(model, cfg.fsdp_units)
+    if not groups:
+        say("fsdp: sharding the model as one unit" + (" (no repeated blocks)" if find_blocks(model) is None else
+            f" (blocks under {BLOCK_PARAMS_FOR_UNITS / 1e6:.0f}M params; parallel.fsdp_units=\"blocks\" or N for more)"))
     else:
-        for i, block in enumerate(blocks):
-            # the last block's params are needed again at once by backward: keep them gathered
-            reshard = cfg.reshard_after_forward and i < len(blocks) - 1
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        say(f"fsdp: {len(groups)} units of {'/'.join(str(len(g)) for g in groups)} blocks, then the root")
+    for i, group in enumerate(groups):
+        # the last unit's params are needed again at once by backward: keep them gathered
+        reshard = cfg.reshard_after_forward and i < len(groups) - 1
+        fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     # the root stays gathered after forward: backward needs it first (with one unit, resharding it would
     # all-gather the whole model twice a step, the second time with no compute to hide behind)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
