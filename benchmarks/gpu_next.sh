@@ -191,11 +191,39 @@ fsdp-units)  # issue 3: FSDP2 units of several blocks (overlap at a few units' h
   GAP_STRATEGY=fsdp gap_run fsdp_3_keep 2 -- parallel.fsdp_units=3 parallel.reshard_after_forward=false
   GAP_STRATEGY=fsdp gap_run fsdp_3_blockcompile 2 -- parallel.fsdp_units=3 compile.scope=\"blocks\"
   gap_run ddp_again 2 -- ;;  # drift over the call
+fsdp-var)  # issue 3: FSDP2 (one unit) at 2 GPUs moved 10 % between runs where DDP moved 0.1 %: 3 runs each with their
+           # per-run summaries and step logs (episodic hiccups or a steady slow mode?), then FSDP2 profiled at 2 GPUs
+  tt scale gpt2-124m "${GPT2[@]}" --gpus 2 --strategies fsdp,ddp --repeats ${SCALE_REPEATS:-3} \
+     train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} run.out_dir="'$RUNS'" run.name=var > "$OUT/scale_var.log" 2>&1 \
+     || tail -5 "$OUT/scale_var.log"
+  cp "$RUNS/var-scale/scale.json" "$OUT/scale_var.json"; cat "$RUNS/var-scale/scale.md"
+  (cd "$RUNS" && tar czf "$OUT/var_runs.tar.gz" var-scale-*/summary.json var-scale-*/metrics.jsonl); pack
+  $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
+    ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"fsdp\" run.out_dir="'$RUNS'" run.name=fsdp2prof \
+    > "$OUT/profile_fsdp2.log" 2>&1 || tail -8 "$OUT/profile_fsdp2.log"
+  cp "$RUNS/fsdp2prof/profile/report.json" "$OUT/profile_fsdp2.json" 2>/dev/null
+  sed -n '1,/^## Recommendations/p' "$RUNS/fsdp2prof/profile/report.md" ;;
+numa)  # issue 3: FSDP2 at 2 GPUs looked host-jitter bound (fsdp-var: GPU util 78-90 %, steps 35-43 ms, DDP's 36-37 ms at
+       # ~100 %): do ranks on exclusive CPU cores (torchrun --numa-binding=exclusive) steady it? Rounds interleaved.
+  { lscpu | grep -iE "^CPU\(s\)|NUMA|Model name|Thread"; nvidia-smi topo -m; } > "$OUT/cpu.txt" 2>&1; cat "$OUT/cpu.txt"
+  numa_run() {  # numa_run LABEL STRATEGY [TORCHRUN OPTION...]: 2 ranks of GPT-2, tok/s per GPU (whole window, median window)
+    local label=$1 strategy=$2; shift 2
+    $PY -m torch.distributed.run --standalone --nproc_per_node=2 "$@" -m turbotrain train gpt2-124m "${GPT2[@]}" \
+      parallel.strategy=\"$strategy\" train.steps=${SCALE_STEPS:-200} ${SMALL[@]+"${SMALL[@]}"} checkpoint.every=0 \
+      run.out_dir="'$RUNS'" run.name=numa_$label > "$OUT/numa_$label.log" 2>&1 || tail -5 "$OUT/numa_$label.log"
+    $PY -c "import json,sys; d=json.load(open(sys.argv[1])); k=d['tokens_per_s']/d['samples_per_s']/2
+print(sys.argv[2], 'tok/s per GPU', round(d['samples_per_s']*k), 'median window', round(d['samples_per_s_median_window']*k))" \
+      "$RUNS/numa_$label/summary.json" $label | tee -a "$OUT/numa.txt"
+    cp "$RUNS/numa_$label/metrics.jsonl" "$OUT/numa_$label.metrics.jsonl" 2>/dev/null; pack
+  }
+  bind=(--numa-binding=exclusive); [ "${DRY:-0}" = 1 ] && bind=()  # a CPU-only machine has no GPU to bind near
+  for r in 1 2 3; do numa_run fsdp_free_$r fsdp; numa_run fsdp_excl_$r fsdp "${bind[@]}"; done
+  numa_run ddp_free ddp; numa_run ddp_excl ddp "${bind[@]}" ;;
 profile-ddp2)  # issue 3: DDP at 2 GPUs profiled (rank 0's view: exposed communication, compute, host)
   $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m turbotrain profile gpt2-124m "${GPT2[@]}" \
     ${SMALL[@]+"${SMALL[@]}"} parallel.strategy=\"ddp\" ${SCALE_ARGS:-} run.out_dir="'$RUNS'" run.name=ddp2prof \
     > "$OUT/profile_ddp2.log" 2>&1 || tail -8 "$OUT/profile_ddp2.log"
   cp "$RUNS/ddp2prof/profile/report.json" "$OUT/profile_ddp2.json" 2>/dev/null
   sed -n '1,/^## Recommendations/p' "$RUNS/ddp2prof/profile/report.md" ;;
-*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet ddp-gap fsdp-units profile-ddp2)"; exit 2 ;;
+*) echo "unknown part $part (prepare bench-gpt bench-gpt-compare bench-resnet converge profile fsdp1 scale scale-ddp scale-fsdp scale-resnet ddp-gap fsdp-units fsdp-var numa profile-ddp2)"; exit 2 ;;
 esac; pack; done
