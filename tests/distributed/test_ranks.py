@@ -61,6 +61,15 @@ def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum, e
     assert summary["world_size"] == 2 and summary["strategy"] == strategy and summary["global_batch"] == 8
 
 
+def test_fsdp_units_of_several_blocks_equal_one_process(tmp_path):
+    """parallel.fsdp_units=2 on 4 blocks: two units of two blocks each (plus the root), the same losses."""
+    deep = [*TINY, "model.args.n_layer=4"]
+    run(tmp_path, 0, *deep, "run.name=one", "data.batch_size=8")
+    r = run(tmp_path, 2, *deep, "run.name=dist", "parallel.strategy=fsdp", "data.batch_size=4", "parallel.fsdp_units=2")
+    assert "fsdp: 2 units of 2/2 blocks" in r.stdout + r.stderr
+    assert losses(tmp_path, "dist") == pytest.approx(losses(tmp_path, "one"), rel=1e-4)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_bf16_gradient_compression_stays_close(tmp_path, single, strategy):
     """Gradients reduced in bf16 (DDP comm hook / FSDP2 reduce dtype): close to the fp32 run, not equal."""

@@ -2,16 +2,19 @@
 
 Units: with big blocks each repeated block is its own FSDP unit (its all-gather overlaps the previous
 block's compute), then the root takes the rest. With small blocks the per-unit hooks cost more host time
-than the block computes (GPT-2 124M: 7M parameters a block, FSDP per block ran at half DDP's speed), so
-"auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block.
+than the block computes, so "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS
+parameters a block. Measured on 2xH200, GPT-2 124M (7M parameters a block), tokens/s per GPU against DDP
+in the same call: one unit 0.93-1.05x, a unit per block 0.54x, 2/3/4 units of several blocks 0.89/0.79/0.76x
+(benchmarks/NOTES.md, sessions 3 and 6). `parallel.fsdp_units=N` stays for models whose gathered
+parameters do not fit at once: N units hold about 1/N of the blocks gathered at a time.
 Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
 with parallel.grad_compression="bf16"), fp32 sharded master weights.
 
-Host time matters at this size: a GPT-2 124M step is ~30 ms of GPU work, and FSDP2's per-parameter
+Host time matters at this size: a GPT-2 124M step is ~35 ms of GPU work, and FSDP2's per-parameter
 DTensor work can exceed it (then the GPU idles). Three things cut it: the root stays gathered after
 forward, the optimizer steps on the local shards (`shard_local_step`), and so does clipping
-(`accel/optim.py: clip_grad_norm`). Measured on 2xH200: FSDP2 went from 0.72x DDP's tokens/s per GPU to
-1.04-1.14x (benchmarks/NOTES.md, session 3).
+(`accel/optim.py: clip_grad_norm`). Even so one unit stays host-sensitive: on a quiet host its steps ran
+33-35 ms at 98 % GPU use, on a busier one 35-43 ms at 78-90 % (DDP: 36 ms at ~100 % on both).
 """
 from __future__ import annotations
 
