@@ -15,7 +15,8 @@
 #     scale-ddp profile-ddp2 scale-fsdp   539 s   (SCALE_STEPS=200) DDP with anchors, DDP profiled at 2 GPUs, FSDP2
 #     scale-resnet         ~110 s  ResNet-50 DDP (its 4-GPU run failed on the then 512-sample preset)
 #   nvidia-h200-x2, session 5: ddp-gap 524-584 s (two versions, see NOTES); scale-ddp (--repeats 2) + scale-fsdp 414 s
-#   next (nvidia-h200-x2): GPUS=1,2 SCALE_ARGS="--repeats 3" ... scale-ddp; OUT=$OUT/fsdp ... scale-fsdp   ~420 s (estimated)
+#   nvidia-h200-x2, session 6: fsdp-units 332 s; the acceptance command + anchors 315 s; fsdp-var 339 s; numa 256 s
+#   next: nothing owed for issue 3 (its acceptance 4 held in session 6's second call)
 #   wiring check on a CPU first:     DRY=1 bash benchmarks/gpu_next.sh PART...
 # A one-GPU machine counted half its held time that day, so the one-GPU parts and one 2-GPU call fit in
 # one session's 30 device-minutes; run each under `timeout` below the call's limit.
