@@ -14,7 +14,7 @@ Host time matters at this size: a GPT-2 124M step is ~35 ms of GPU work, and FSD
 DTensor work can exceed it (then the GPU idles). Three things cut it: the root stays gathered after
 forward, the optimizer steps on the local shards (`shard_local_step`), and so does clipping
 (`accel/optim.py: clip_grad_norm`). Even so one unit stays host-sensitive: on a quiet host its steps ran
-33-35 ms at 98 % GPU use, on a busier one 35-43 ms at 78-90 % (DDP: 36 ms at ~100 % on both).
+33-35 ms at 98 % GPU use, on a busier one 35-43 ms at 70-99 % (DDP: mostly 36-37 ms on both).
 """
 from __future__ import annotations
 
