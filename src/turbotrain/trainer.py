@@ -234,8 +234,8 @@ def parallelize(model: nn.Module, loss_fn: LossFn | None, cfg: Config, strategy:
     3. whole-model compile last, over the DDP-wrapped model: dynamo splits the graph at bucket
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     c = cfg.compile
-    # units of several blocks keep one whole-model graph, broken at each unit (per-block compile ran 1.12x
-    # faster on GPT-2 124M with 3 units but at 1.5x the memory, the logits unfused: compile.scope="blocks")
+    # units of several blocks keep the whole-model compile, the loss fused with the head (per-block compile ran
+    # 1.12x faster on GPT-2 124M with 3 units, at 1.5x the memory with the logits unfused: compile.scope="blocks")
     groups = unit_groups(model, cfg.parallel.fsdp_units) if strategy == "fsdp" else []
     if c.enabled and c.scope == "model" and groups and max(map(len, groups)) == 1:
         say("compile: FSDP2 per-block units compile per block (scope=blocks); a whole-model graph would break at every unit")

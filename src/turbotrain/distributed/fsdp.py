@@ -4,7 +4,7 @@ Units: with big blocks each repeated block is its own FSDP unit (its all-gather 
 block's compute), then the root takes the rest. With small blocks the per-unit hooks cost more host time
 than the block computes, so "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS
 parameters a block. Measured on 2xH200, GPT-2 124M (7M parameters a block), tokens/s per GPU against DDP
-in the same call: one unit 0.93-1.05x, a unit per block 0.54x, 2/3/4 units of several blocks 0.89/0.79/0.76x
+in the same call: one unit 0.90-1.05x, a unit per block 0.54x, 2/3/4 units of several blocks 0.89/0.79/0.76x
 (benchmarks/NOTES.md, sessions 3 and 6). `parallel.fsdp_units=N` stays for models whose gathered
 parameters do not fit at once: N units hold about 1/N of the blocks gathered at a time.
 Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
