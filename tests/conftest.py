@@ -1,7 +1,15 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The user-code package tests/userpkg imports as `userpkg` (turbotrain sees it only through "userpkg.x:y"
+# strings): tests/ goes on sys.path for in-process runs; subprocesses get it via tests.helpers.userpkg_env().
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)  # appended: tests/ must not shadow installed modules
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,19 @@
-"""Shared builders for tests: tiny configs that run in a second on a CPU."""
+"""Shared builders for tests: tiny configs that run in a second on a CPU, and the user-code package."""
+import os
+from pathlib import Path
+
 from turbotrain.config import load_config
+
+TESTS = Path(__file__).resolve().parent  # the sys.path / PYTHONPATH entry that makes `import userpkg` work
+USERPKG = TESTS / "userpkg"  # the one package of user code (see userpkg/__init__.py); TOMLs live there too
+
+
+def userpkg_env(**extra: str) -> dict:
+    """os.environ for a subprocess that must import `userpkg`: tests/ prepended to PYTHONPATH, plus extra."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
 
 TINY_GPT = ["model.args.n_layer=2", "model.args.n_head=2", "model.args.n_embd=32", "model.args.block_size=32",
             "model.args.vocab_size=64", "model.args.dropout=0.0", "data.args.seq_len=32", "data.args.vocab_size=64",

@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from turbotrain.accel.compile import find_blocks
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import write_report
-from turbotrain.monitor.log import say
+from turbotrain.log import run_logged, run_progress, say
+from turbotrain.models.structure import find_blocks
 
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
@@ -58,11 +57,14 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
 
 
 def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
-    from turbotrain.data.loader import build_dataset
-    from turbotrain.models import build_model
-    from turbotrain.trainer import data_meta
+    from dataclasses import replace
 
-    model = build_model(cfg.model, **data_meta(build_dataset(cfg.data, "train")))
+    from turbotrain.data.loader import build_dataset
+    from turbotrain.models import args_from_data, build_model
+    from turbotrain.workload import data_meta
+
+    meta = data_meta(build_dataset(cfg.data, "train"))
+    model = build_model(replace(cfg.model, args={**args_from_data(cfg.model, meta), **cfg.model.args}))
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     blocks = find_blocks(model) is not None
     if not on_gpu:  # CPU: no tensor cores, compile costs minutes; keep it to what can tell something
@@ -74,10 +76,10 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     return out + ["all"]
 
 
-def _run(args: list[str], log: Path) -> int:
+def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int) -> int:
+    """A variant in a fresh process; every 10 s the console says which one runs, its step and ETA."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as f:
-        return subprocess.run([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    return run_logged([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env)
 
 
 def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,
@@ -97,9 +99,10 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
         for r in range(repeats):
             name = f"{cfg.run.name}-bench-{v}" + (f"-r{r}" if repeats > 1 else "")
             args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
-                    *variant_overrides(v, cfg), f"run.name={name}", "checkpoint.every=0", 'checkpoint.resume="never"']
-            say(f"bench: {v}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
-            rc = _run(args, out / f"{name}.log")
+                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0", 'checkpoint.resume="never"']
+            what = f"bench: {v} ({variants.index(v) + 1}/{len(variants)})" + (f", repeat {r + 1}/{repeats}" if repeats > 1 else "")
+            say(what)
+            rc = _run(args, out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)
             if rc != 0:
                 tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
                 runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})
@@ -151,9 +154,10 @@ def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Confi
     for r in range(repeats):  # as many repeats as our rows, each in a fresh process
         name = f"{cfg.run.name}-bench-{tool}" + (f"-r{r}" if repeats > 1 else "")
         summary = Path(cfg.run.out_dir) / name / "summary.json"
-        say(f"bench: comparator {tool}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+        what = f"bench: comparator {tool}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
+        say(what)
         rc = _run(["turbotrain.compare", tool, str(summary), *([config] if config else []), *overrides,
-                   f"run.name={name}"], out / f"{name}.log")
+                   f"run.name={json.dumps(name)}"], out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)
         if rc != 0:
             tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
             runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})

@@ -5,45 +5,74 @@ Layout of `{run_dir}/checkpoints/step-00000120/`:
   dcp/                the same, sharded through torch.distributed.checkpoint (FSDP2; every rank writes)
   rng-rank{r}.pt      torch CPU/CUDA generator states of rank r (tensors)
   rng-rank{r}.json    python and numpy generator states of rank r
-  meta.json           step, world size, global batch, strategy, parameter shapes, and the manifest:
-                      a sha256 for every file above. A checkpoint whose files disagree with it is skipped.
+  meta.json           step, world size, global batch, strategy, parameter shapes, the manifest (a sha256
+                      for every file above; every file must be listed) and `meta_sha256`, a digest of
+                      meta.json's own content (all but the manifest, which the files check). A checkpoint
+                      that disagrees with it is skipped.
 
 A checkpoint is written into a temp folder, fsynced, then renamed into place: a crash mid-write leaves
-no half checkpoint under a valid name. Loading uses `torch.load(weights_only=True)` (no pickled code
-runs) and JSON for the rest. The data position needs no state: the sampler is indexed by step.
+no half checkpoint under a valid name; a failed write (disk full) removes the temp folder and is one
+user error. Checkpoints are written only inside the run dir (no symlink out of it is followed).
+
+Loading never runs pickled code: `torch.load(weights_only=True)` for state.pt, the RNG files and DCP's
+byte items, a restricted unpickler (an allow-list of DCP's metadata classes) for `dcp/.metadata`, JSON for
+the rest. Everything is read and validated (keys, shapes, types) before anything is applied, so a damaged
+checkpoint leaves the model and optimizer untouched: under auto-resume it is skipped with a warning and
+the previous good one is loaded; with an explicit `checkpoint.resume=PATH` it is one user error. A
+checkpoint holding more than tensors and plain data (pickled code) is always a user error, never a
+fallback. The data position needs no state: the sampler is indexed by step.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
 import os
 import pickle
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from turbotrain.accel.compile import WithLoss
 from turbotrain.errors import UserError
 from turbotrain.files import sha256
-from turbotrain.monitor.log import say
+from turbotrain.log import say
+from turbotrain.models.structure import WithLoss
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # steps between checkpoints; 0 = off
-    keep: int = 3  # newest checkpoints kept
-    resume: str = "auto"  # "auto" (latest good one in the run dir) | "never" | a checkpoint folder
+    every: int = 0
+    """Steps between checkpoints (0 = off)."""
+    keep: int = 3
+    """Newest checkpoints kept."""
+    resume: str = "auto"
+    """"auto" (the latest good one in the run directory) | "never" | a checkpoint folder."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise UserError(f"checkpoint.every = {self.every}: must be >= 0 (0 = off)")
         if self.keep < 1:
             raise UserError(f"checkpoint.keep = {self.keep}: must be >= 1")
+
+
+class CorruptCheckpoint(Exception):
+    """A damaged checkpoint (truncated, flipped, incomplete, inconsistent): skipped by auto-resume."""
+
+
+class CodeInCheckpoint(Exception):
+    """A checkpoint file holding more than tensors and plain data (pickled code): refused, never run."""
+
+
+_STEP_DIR = re.compile(r"step-\d{8}")
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -56,6 +85,12 @@ def _fsync_tree(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of meta.json's content but the manifest (checked by the files themselves) and the digest."""
+    body = {k: v for k, v in meta.items() if k not in ("manifest", "meta_sha256")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def param_shapes(model: nn.Module) -> dict[str, list[int]]:
@@ -74,16 +109,281 @@ def _rng_state() -> tuple[dict, dict]:
     return tensors, plain
 
 
-def _set_rng_state(tensors: dict, plain: dict) -> None:
-    torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
+def _rng_tuples(tensors: dict, plain: dict) -> tuple:
+    """Validated generator states (CorruptCheckpoint if not), checked on throwaway generators first."""
+    try:
+        t = tensors["torch"]
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8):
+            raise TypeError("torch state is not a uint8 tensor")
+        torch.Generator().set_state(t)
+        n, p = plain["numpy"], plain["python"]
+        np_state = (n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4])
+        np.random.RandomState().set_state(np_state)
+        py_state = (p[0], tuple(p[1]), p[2])
+        random.Random().setstate(py_state)
+        cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda")]
+        if not all(isinstance(c, torch.Tensor) and c.dtype == torch.uint8 for c in cuda):
+            raise TypeError("cuda state is not a uint8 tensor")
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise CorruptCheckpoint(f"bad RNG state ({type(e).__name__}: {str(e)[:80]})") from None
+    return t, cuda, np_state, py_state
+
+
+def _set_rng_state(t, cuda, np_state, py_state) -> None:
+    torch.set_rng_state(t)
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
-    n = plain["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    p = plain["python"]
-    random.setstate((p[0], tuple(p[1]), p[2]))
+    np.random.set_state(np_state)
+    random.setstate(py_state)
 
+
+# ------------------------------------------------------------------ reading files without running code
+
+_CODE_MARKERS = ("Unsupported global", "is blocked", "Can only create new object", "Unsupported class")
+
+
+def _safe_torch_load(source, what: str):
+    """torch.load(weights_only=True); a refused global is CodeInCheckpoint, any other failure (truncated,
+    flipped, not a zip) is CorruptCheckpoint."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if any(m in str(e) for m in _CODE_MARKERS):
+            raise CodeInCheckpoint(f"{what} holds more than tensors and plain data; refusing to unpickle it") from None
+        raise CorruptCheckpoint(f"{what} is damaged (UnpicklingError)") from None
+    except OSError as e:
+        raise CorruptCheckpoint(f"{what} unreadable ({e.strerror or type(e).__name__})") from None
+    except Exception as e:  # RuntimeError (zip: no central directory, CRC), EOFError, ValueError, ...
+        return _raise_corrupt(what, e)
+
+
+def _raise_corrupt(what: str, e: BaseException):
+    first = (str(e).splitlines() or [""])[0][:80]
+    detail = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    raise CorruptCheckpoint(f"{what} is truncated or damaged ({detail})") from None
+
+
+def _dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """Every class a DCP `.metadata` pickle of a state dict holds (found by saving a real FSDP2 checkpoint)."""
+    import builtins
+    import collections
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as fs
+    import torch.distributed.checkpoint.metadata as md
+    import torch.serialization
+
+    allowed: dict[tuple[str, str], Any] = {}
+    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+                 "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"):
+        if hasattr(md, name):
+            allowed[(md.__name__, name)] = getattr(md, name)
+    allowed[(fs.__name__, "_StorageInfo")] = fs._StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    for cls in (pathlib.PosixPath, pathlib.PurePosixPath):
+        allowed[("pathlib", cls.__name__)] = cls
+        allowed[(cls.__module__, cls.__name__)] = cls
+    allowed[("builtins", "set")], allowed[("builtins", "frozenset")] = builtins.set, builtins.frozenset
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    return allowed
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata: only the allow-listed classes and torch dtypes; anything else is refused."""
+
+    _allowed: dict | None = None
+
+    def find_class(self, module: str, name: str):
+        if _MetadataUnpickler._allowed is None:
+            _MetadataUnpickler._allowed = _dcp_metadata_globals()
+        if (module, name) in self._allowed:
+            return self._allowed[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CodeInCheckpoint(f"dcp/.metadata names {module}.{name}, which is not checkpoint metadata; "
+                               f"refusing to unpickle it")
+
+    def persistent_load(self, pid):
+        raise CodeInCheckpoint("dcp/.metadata holds a persistent id; refusing to unpickle it")
+
+
+def load_dcp_metadata(stream) -> Any:
+    """`dcp/.metadata` through the restricted unpickler, then checked: a Metadata whose storage entries name
+    plain files of the dcp folder. CodeInCheckpoint or CorruptCheckpoint otherwise."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = _MetadataUnpickler(stream).load()
+    except CodeInCheckpoint:
+        raise
+    except Exception as e:  # EOFError, UnpicklingError (truncated), TypeError from a mangled REDUCE, ...
+        _raise_corrupt("dcp/.metadata", e)
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "storage_data", None), dict) \
+            or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
+        raise CorruptCheckpoint("dcp/.metadata is not DCP metadata")
+    for info in metadata.storage_data.values():
+        if not (isinstance(info, _StorageInfo) and isinstance(info.relative_path, str)
+                and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", info.relative_path)
+                and type(info.offset) is int and type(info.length) is int and info.offset >= 0 and info.length >= 0
+                and not info.transform_descriptors):
+            raise CorruptCheckpoint("dcp/.metadata has a bad storage entry")
+    return metadata
+
+
+def _safe_reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        """DCP's reader with `read_metadata` through the restricted unpickler (DCP's own uses pickle.load)."""
+
+        refused: CodeInCheckpoint | None = None  # DCP re-wraps read_metadata's errors: kept here too
+
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                try:
+                    metadata = load_dcp_metadata(f)
+                except CodeInCheckpoint as e:
+                    self.refused = e
+                    raise
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeFileSystemReader(str(path))
+
+
+def _safe_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """DCP's planner loads byte items with torch.load(weights_only=False); here weights_only=True, and
+        only the plain result (re-serialized by us) reaches the default code."""
+
+        refused: CodeInCheckpoint | None = None
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            try:
+                obj = _safe_torch_load(value, f"dcp item {read_item.dest_index.fqn}")
+            except CodeInCheckpoint as e:
+                self.refused = e
+                raise
+            clean = io.BytesIO()
+            torch.save(obj, clean)
+            clean.seek(0)
+            super().load_bytes(read_item, clean)
+
+    return SafeLoadPlanner()
+
+
+# ------------------------------------------------------------------ validating state before it is applied
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_like(template, got, where: str) -> None:
+    """`got` has `template`'s structure: the same keys, tensors of the same shapes, plain values of the
+    same kinds. CorruptCheckpoint naming the first difference."""
+    if isinstance(template, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise CorruptCheckpoint(f"{where} is {type(got).__name__}, not a tensor")
+        if tuple(got.shape) != tuple(template.shape):
+            raise CorruptCheckpoint(f"{where} has shape {list(got.shape)}, the model needs {list(template.shape)}")
+    elif isinstance(template, dict):
+        if not isinstance(got, dict):
+            raise CorruptCheckpoint(f"{where} is {type(got).__name__}, not a dict")
+        missing, extra = set(template) - set(got), set(got) - set(template)
+        if missing or extra:
+            what = (f"lacks {sorted(map(str, missing))[0]}" if missing
+                    else f"has an unexpected {sorted(map(str, extra))[0]}")
+            raise CorruptCheckpoint(f"{where} {what}")
+        for k in template:
+            _check_like(template[k], got[k], f"{where}.{k}")
+    elif isinstance(template, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(template):
+            raise CorruptCheckpoint(f"{where} does not match (length or type)")
+        for i, (a, b) in enumerate(zip(template, got)):
+            _check_like(a, b, f"{where}[{i}]")
+    elif _is_number(template):
+        if not _is_number(got):
+            raise CorruptCheckpoint(f"{where} is {type(got).__name__}, not a number")
+    elif template is not None and got is not None and type(got) is not type(template):
+        raise CorruptCheckpoint(f"{where} is {type(got).__name__}, not {type(template).__name__}")
+
+
+def _check_optim(opt, got, where: str = "state.pt optim") -> None:
+    """A torch optimizer state dict for this optimizer: same groups and parameter counts, state tensors
+    of the parameters' shapes (scalars such as `step` aside)."""
+    ref = opt.state_dict()
+    if not isinstance(got, dict) or not isinstance(got.get("state"), dict) \
+            or not isinstance(got.get("param_groups"), list):
+        raise CorruptCheckpoint(f"{where} is not an optimizer state (state / param_groups)")
+    if len(got["param_groups"]) != len(ref["param_groups"]):
+        raise CorruptCheckpoint(f"{where} has {len(got['param_groups'])} parameter groups, the optimizer "
+                                f"{len(ref['param_groups'])}")
+    shape_of = {}
+    for g_ref, g_got, g_live in zip(ref["param_groups"], got["param_groups"], opt.param_groups):
+        if not isinstance(g_got, dict) or not isinstance(g_got.get("params"), list) \
+                or len(g_got["params"]) != len(g_ref["params"]):
+            raise CorruptCheckpoint(f"{where} parameter groups do not match the optimizer's")
+        missing = set(g_ref) - set(g_got)
+        if missing:
+            raise CorruptCheckpoint(f"{where} parameter group lacks {sorted(missing)[0]}")
+        for k in g_ref:
+            if k != "params":
+                _check_like(g_ref[k], g_got[k], f"{where} param_groups.{k}")
+        for pid, p in zip(g_got["params"], g_live["params"]):
+            shape_of[pid] = tuple(p.shape)
+    for pid, st in got["state"].items():
+        if pid not in shape_of or not isinstance(st, dict):
+            raise CorruptCheckpoint(f"{where} holds state for an unknown parameter {pid!r}")
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != shape_of[pid]:
+                raise CorruptCheckpoint(f"{where} state {pid}.{k} has shape {list(v.shape)}, the parameter "
+                                        f"{list(shape_of[pid])}")
+            if not isinstance(v, (torch.Tensor, int, float, bool)) and v is not None:
+                raise CorruptCheckpoint(f"{where} state {pid}.{k} is {type(v).__name__}")
+
+
+def _clone_tree(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone_tree(v) for v in obj)
+    return obj
+
+
+def _dcp_failure(e: BaseException) -> Exception:
+    """The CodeInCheckpoint / CorruptCheckpoint inside DCP's CheckpointException (one per failing rank)."""
+    failures = getattr(e, "failures", None)
+    excs = []
+    if isinstance(failures, dict):
+        for v in failures.values():
+            excs.append(v[0] if isinstance(v, tuple) else v)
+    else:
+        excs.append(e)
+    for x in excs:
+        if isinstance(x, CodeInCheckpoint):
+            return x
+        if isinstance(x, pickle.UnpicklingError) and any(m in str(x) for m in _CODE_MARKERS):  # a tensor item
+            return CodeInCheckpoint("a dcp/*.distcp tensor item holds more than tensors; refusing to unpickle it")
+    for x in excs:
+        if isinstance(x, CorruptCheckpoint):
+            return x
+    x = excs[0] if excs else e
+    first = (str(x).splitlines() or [""])[0][:100]
+    return CorruptCheckpoint(f"dcp/ does not load ({type(x).__name__}{': ' + first if first else ''})")
+
+
+# ------------------------------------------------------------------ the checkpointer
 
 class Checkpointer:
     """Saves and restores the training state of one run. All ranks call `save`/`load` together."""
@@ -91,42 +391,112 @@ class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, rank: int, world_size: int, sharded: bool):
         self.cfg, self.dir = cfg, run_dir / "checkpoints"
         self.rank, self.world_size, self.sharded = rank, world_size, sharded
+        self.loaded: Path | None = None  # the checkpoint `load` restored (an older one after a fallback)
 
     # -------------------------------------------------------------- save
     def save(self, step: int, model: nn.Module, opt, sched, scaler, meta: dict) -> Path:
         final = self.dir / f"step-{step:08d}"
         tmp = self.dir / f".tmp-step-{step:08d}"
+        self._check_inside(final, tmp)
+        failure: BaseException | None = None
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self._barrier()
-        if self.sharded:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                failure = e
+        self._fail_together(failure, tmp)
+        try:
+            if self.sharded:
+                import torch.distributed.checkpoint as dcp
+                from torch.distributed.checkpoint.state_dict import get_state_dict
 
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "dcp"))
+                msd, osd = get_state_dict(model, opt)
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "dcp"))
+            if self.rank == 0:
+                state = {"sched": sched.state_dict(), "scaler": scaler.state_dict()}
+                if not self.sharded:
+                    state.update(model=_unwrap(model).state_dict(), optim=opt.state_dict())
+                torch.save(state, tmp / "state.pt")
+            tensors, plain = _rng_state()
+            torch.save(tensors, tmp / f"rng-rank{self.rank}.pt")
+            (tmp / f"rng-rank{self.rank}.json").write_text(json.dumps(plain))
+        except (OSError, RuntimeError) as e:
+            failure = e
+        except BaseException as e:  # DCP's CheckpointException (a BaseException) wraps a rank's write error
+            if type(e).__name__ != "CheckpointException":
+                raise
+            failure = e
+        self._fail_together(failure, tmp)  # also the barrier: every rank's files are written
         if self.rank == 0:
-            state = {"sched": sched.state_dict(), "scaler": scaler.state_dict()}
-            if not self.sharded:
-                state.update(model=_unwrap(model).state_dict(), optim=opt.state_dict())
-            torch.save(state, tmp / "state.pt")
-        tensors, plain = _rng_state()
-        torch.save(tensors, tmp / f"rng-rank{self.rank}.pt")
-        (tmp / f"rng-rank{self.rank}.json").write_text(json.dumps(plain))
-        self._barrier()
+            try:
+                files = sorted(p for p in tmp.rglob("*") if p.is_file())
+                manifest = {p.relative_to(tmp).as_posix(): sha256(p) for p in files}
+                meta = {**meta, "step": step, "world_size": self.world_size, "sharded": self.sharded}
+                meta["meta_sha256"] = meta_digest(meta)
+                meta["manifest"] = manifest
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+                _fsync_tree(tmp)
+                old = None
+                if final.exists():  # an earlier checkpoint of this step (a rerun after a fallback)
+                    old = self.dir / f".old-step-{step:08d}"
+                    shutil.rmtree(old, ignore_errors=True)
+                    os.replace(final, old)
+                os.replace(tmp, final)  # the atomic step: the checkpoint exists whole or not at all
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+            except OSError as e:
+                failure = e
+                old = self.dir / f".old-step-{step:08d}"
+                if old.is_dir() and not final.exists():  # put the earlier checkpoint of this step back
+                    try:
+                        os.replace(old, final)
+                    except OSError:
+                        pass
+        self._fail_together(failure, tmp)
         if self.rank == 0:
-            files = sorted(p for p in tmp.rglob("*") if p.is_file())
-            manifest = {str(p.relative_to(tmp)): sha256(p) for p in files}
-            meta = {**meta, "step": step, "world_size": self.world_size, "sharded": self.sharded, "manifest": manifest}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            _fsync_tree(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)  # the atomic step: the checkpoint exists whole or not at all
             self._prune()
         self._barrier()
         return final
+
+    def _fail_together(self, failure: BaseException | None, tmp: Path) -> None:
+        """All ranks learn whether any rank failed to write; then the temp folder goes and every rank raises."""
+        if not self._agree(1 if failure is not None else 0):
+            return
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(self._write_error(failure, tmp)) from None
+
+    def _write_error(self, failure: BaseException | None, tmp: Path) -> str:
+        if failure is None:
+            reason = "another rank failed to write its part"
+        else:
+            inner = _dcp_inner(failure)
+            if isinstance(inner, OSError) and inner.strerror:
+                reason = inner.strerror + (f" [{errno.errorcode.get(inner.errno, inner.errno)}]" if inner.errno else "")
+            else:
+                reason = f"{type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:120]}"
+        try:
+            where = self.dir if self.dir.exists() else self.dir.parent
+            free = f"; {shutil.disk_usage(where).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = ""
+        return (f"checkpoint: cannot write {tmp} ({reason}{free}); the earlier checkpoints are kept: free space on "
+                f"that disk, set run.out_dir to another disk, or lower checkpoint.keep")
+
+    def _check_inside(self, *step_dirs: Path) -> None:
+        """Checkpoints are written only inside the run dir: a `checkpoints` folder or step folder that is a
+        symlink to elsewhere is refused, not followed."""
+        run = self.dir.parent.resolve()
+        for p in (self.dir, *step_dirs):
+            if p.is_symlink():
+                target = p.resolve()
+                if not target.is_relative_to(run):
+                    raise UserError(f"checkpoint: {p} is a symlink to {target}, outside the run dir {run}; "
+                                    f"checkpoints are written only inside the run dir: remove the link, or set "
+                                    f"run.out_dir to the disk you want them on")
+        if self.dir.exists() and not self.dir.resolve().is_relative_to(run):
+            raise UserError(f"checkpoint: {self.dir} leads outside the run dir {run}; remove the link")
 
     def set_aside_old(self) -> None:
         """Move an earlier run's checkpoints to checkpoints.old-N (kept, never deleted)."""
@@ -141,21 +511,55 @@ class Checkpointer:
     def _prune(self) -> None:
         for old in self.list()[:-self.cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in self.dir.glob(".tmp-step-*"):  # left by a kill mid-write: never a checkpoint, only space
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
 
     # -------------------------------------------------------------- find and verify
     def list(self) -> list[Path]:
         if not self.dir.is_dir():
             return []
-        return sorted(p for p in self.dir.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        return sorted(p for p in self.dir.iterdir()
+                      if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
 
     @staticmethod
     def verify(path: Path) -> str | None:
-        """None if every file matches the manifest, else what is wrong."""
+        """None if meta.json is intact and every file matches the manifest (which lists every file and
+        every file a checkpoint must have), else what is wrong."""
         try:
             meta = json.loads((path / "meta.json").read_text())
             manifest = meta["manifest"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             return f"meta.json unreadable ({type(e).__name__})"
+        if not isinstance(manifest, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in manifest.items()):
+            return "meta.json: the manifest is not a file -> sha256 table"
+        if "meta_sha256" not in meta:
+            return "meta.json has no meta_sha256 (damaged, or written by an older turbotrain)"
+        if meta["meta_sha256"] != meta_digest(meta):
+            return "meta.json does not match its meta_sha256 (damaged)"
+        step, world, sharded = meta.get("step"), meta.get("world_size"), meta.get("sharded")
+        if type(step) is not int or step < 0 or type(world) is not int or world < 1 or type(sharded) is not bool:
+            return "meta.json: bad step, world_size or sharded"
+        if _STEP_DIR.fullmatch(path.name) and path.name != f"step-{step:08d}":
+            return f"meta.json says step {step}, the folder is {path.name}"
+        for rel in manifest:
+            parts = Path(rel).parts
+            if not parts or Path(rel).is_absolute() or ".." in parts or rel == "meta.json":
+                return f"meta.json: bad manifest entry {rel!r}"
+        required = {"state.pt", *(f"rng-rank{r}.{ext}" for r in range(world) for ext in ("pt", "json"))}
+        if sharded:
+            required.add("dcp/.metadata")
+            if not any(rel.startswith("dcp/") and rel.endswith(".distcp") for rel in manifest):
+                return "the manifest lists no dcp/*.distcp file"
+        for rel in sorted(required - set(manifest)):
+            return f"the manifest does not list {rel}"
+        for f in sorted(path.rglob("*")):
+            rel = f.relative_to(path).as_posix()
+            if f.is_symlink():
+                return f"{rel} is a symlink"
+            if f.is_file() and rel != "meta.json" and rel not in manifest:
+                return f"{rel} is not in the manifest"
         for rel, digest in manifest.items():
             f = path / rel
             if not f.is_file():
@@ -166,6 +570,8 @@ class Checkpointer:
 
     def find_resume(self) -> Path | None:
         """The checkpoint to resume from per `checkpoint.resume`, or None to start fresh."""
+        if self.cfg.every:
+            self._check_inside()
         if self.cfg.resume == "never":
             return None
         if self.cfg.resume != "auto":
@@ -185,34 +591,145 @@ class Checkpointer:
 
     # -------------------------------------------------------------- load
     def load(self, path: Path, model: nn.Module, opt, sched, scaler, expect: dict) -> int:
-        meta = json.loads((path / "meta.json").read_text())
-        self._check_compatible(path, meta, expect)
-        try:
-            state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError) as e:
-            raise UserError(f"checkpoint {path}: state.pt holds more than tensors and plain data; refusing to "
-                            f"unpickle it ({type(e).__name__})") from None
-        if meta["sharded"]:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        """Restore `path` and return its step. A damaged checkpoint changes nothing: under auto-resume the
+        previous good one is loaded instead (see `self.loaded`), and when none is left the run starts fresh
+        (step 0, the checkpoints set aside); with checkpoint.resume=PATH it is a UserError."""
+        path = Path(path)
+        explicit = self.cfg.resume not in ("auto", "never")
+        older = [] if explicit else [p for p in reversed(self.list()) if p.name < path.name]
+        for i, candidate in enumerate([path, *older]):
+            if i > 0:
+                problem = self.verify(candidate)
+                if self._agree(1 if problem else 0):
+                    say(f"warning: checkpoint {candidate.name} is corrupt ({problem or 'on another rank'}); "
+                        f"trying the previous one")
+                    continue
+            try:
+                step = self._load_one(candidate, model, opt, sched, scaler, expect)
+            except CorruptCheckpoint as e:
+                if explicit:
+                    raise UserError(f"checkpoint.resume = {self.cfg.resume!r}: corrupt checkpoint ({e}); pick "
+                                    f"another checkpoint, or checkpoint.resume=\"never\"") from None
+                say(f"warning: checkpoint {candidate.name} is corrupt ({e}); trying the previous one")
+                continue
+            self.loaded = candidate
+            return step
+        say("warning: no good checkpoint left to resume from; starting fresh")
+        if self.rank == 0:
+            self.set_aside_old()
+        self._barrier()
+        self.loaded = None
+        return 0
 
-            msd, osd = get_state_dict(model, opt)
-            sd = {"model": msd, "optim": osd}
-            dcp.load(sd, checkpoint_id=str(path / "dcp"))  # reshards to this run's world size
+    def _load_one(self, path: Path, model: nn.Module, opt, sched, scaler, expect: dict) -> int:
+        """Read and validate everything, agree over ranks, then apply. CorruptCheckpoint / UserError."""
+        rng = None
+        with self._together(path):
+            meta = self._read_meta(path)
+            self._check_compatible(path, meta, expect)
+            state = self._read_torch(path, "state.pt")
+            if not isinstance(state, dict):
+                raise CorruptCheckpoint("state.pt is not a dict")
+            need = ["sched", "scaler"] + ([] if meta["sharded"] else ["model", "optim"])
+            for key in need:
+                if key not in state:
+                    raise CorruptCheckpoint(f"state.pt lacks {key!r}")
+            if not meta["sharded"]:
+                _check_like(_unwrap(model).state_dict(), state["model"], "state.pt model")
+                _check_optim(opt, state["optim"])
+            _check_like(sched.state_dict(), state["sched"], "state.pt sched")
+            _check_like(scaler.state_dict(), state["scaler"], "state.pt scaler")
+            if (path / f"rng-rank{self.rank}.pt").exists() or meta["world_size"] == self.world_size:
+                tensors = self._read_torch(path, f"rng-rank{self.rank}.pt")
+                try:
+                    plain = json.loads((path / f"rng-rank{self.rank}.json").read_text())
+                except (OSError, ValueError) as e:
+                    raise CorruptCheckpoint(f"rng-rank{self.rank}.json unreadable ({type(e).__name__})") from None
+                if not isinstance(tensors, dict) or not isinstance(plain, dict):
+                    raise CorruptCheckpoint(f"rng-rank{self.rank} files hold no generator states")
+                rng = _rng_tuples(tensors, plain)
+        if meta["sharded"]:
+            sd = self._load_dcp(path, model, opt)
+        # ---- everything is read and valid on every rank: apply (nothing above touched the model)
+        if meta["sharded"]:
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
             set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         else:
             _unwrap(model).load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
         scaler.load_state_dict(state["scaler"])
-        rank_file = path / f"rng-rank{self.rank}.pt"
-        if rank_file.exists():
-            try:
-                tensors = torch.load(rank_file, weights_only=True)
-            except (pickle.UnpicklingError, RuntimeError) as e:
-                raise UserError(f"checkpoint {path}: {rank_file.name} is not a plain tensor file ({type(e).__name__})") from None
-            _set_rng_state(tensors, json.loads((path / f"rng-rank{self.rank}.json").read_text()))
+        if rng is not None:
+            _set_rng_state(*rng)
         return int(meta["step"])
+
+    def _load_dcp(self, path: Path, model: nn.Module, opt) -> dict:
+        """The sharded state read into copies (resharded to this run's world size) and checked against
+        the live state's structure; the model and optimizer are not touched here."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        with self._together(path):
+            msd, osd = get_state_dict(model, opt)
+            template = {"model": msd, "optim": osd}
+            sd = _clone_tree(template)  # the live state dicts share storage with the parameters
+            reader, planner = _safe_reader(path / "dcp"), _safe_planner()
+            try:
+                dcp.load(sd, storage_reader=reader, planner=planner)
+            except (CodeInCheckpoint, CorruptCheckpoint):
+                raise
+            except BaseException as e:  # CheckpointException (BaseException): one wrapped error per rank
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise (reader.refused or planner.refused or _dcp_failure(e)) from None
+            _check_like(template, sd, "dcp")
+        return sd
+
+    def _together(self, path: Path):
+        """A block whose CorruptCheckpoint / CodeInCheckpoint / UserError every rank learns of (max over
+        ranks), so that no rank goes on into a collective alone; each rank raises."""
+        ckpt = self
+
+        class _Block:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, typ, exc, tb):
+                if exc is not None and not isinstance(exc, (CorruptCheckpoint, CodeInCheckpoint, UserError)):
+                    return False  # a bug: let it through as it is
+                code = 0 if exc is None else 1 if isinstance(exc, CorruptCheckpoint) else 2
+                code = ckpt._agree(code)
+                if code == 0:
+                    return False
+                if code == 2:
+                    if isinstance(exc, CodeInCheckpoint):
+                        raise UserError(f"checkpoint {path}: {exc} (pickled code is never run; delete this "
+                                        f"checkpoint or set checkpoint.resume=\"never\")") from None
+                    if isinstance(exc, UserError):
+                        return False
+                    raise UserError(f"checkpoint {path}: refused on another rank (see its error line)") from None
+                if isinstance(exc, CorruptCheckpoint):
+                    return False
+                raise CorruptCheckpoint("damaged on another rank")
+
+        return _Block()
+
+    def _read_meta(self, path: Path) -> dict:
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError) as e:
+            raise CorruptCheckpoint(f"meta.json unreadable ({type(e).__name__})") from None
+        if not isinstance(meta, dict) or meta.get("meta_sha256") != meta_digest(meta) \
+                or type(meta.get("step")) is not int or type(meta.get("sharded")) is not bool:
+            raise CorruptCheckpoint("meta.json does not match its meta_sha256 (damaged)")
+        return meta
+
+    def _read_torch(self, path: Path, name: str):
+        f = path / name
+        if not f.is_file():
+            raise CorruptCheckpoint(f"{name} missing")
+        return _safe_torch_load(f, name)
 
     def _check_compatible(self, path: Path, meta: dict, expect: dict) -> None:
         if meta.get("param_shapes") != expect["param_shapes"]:
@@ -238,9 +755,27 @@ class Checkpointer:
         if not meta.get("sharded") and self.sharded:
             raise UserError(f"checkpoint {path} is not sharded: resume it with parallel.strategy=\"ddp\" or \"none\"")
 
+    def _agree(self, code: int) -> int:
+        """The largest `code` over all ranks (a collective; the identity in one process)."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return code
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        t = torch.tensor([code], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
+
+
+def _dcp_inner(e: BaseException) -> BaseException:
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        v = next(iter(failures.values()))
+        return v[0] if isinstance(v, tuple) else v
+    return e
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

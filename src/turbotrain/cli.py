@@ -1,4 +1,5 @@
-"""Command line: `turbotrain train|env|data ...`. User errors end with one `error:` line and exit 2."""
+"""Command line: `turbotrain train|bench|profile|scale|config|env|data ...`. User errors (bad config, bad
+usage) end with one `error:` line on stderr and exit 2; out of memory, GPU or host, is a user error too."""
 from __future__ import annotations
 
 import argparse
@@ -17,31 +18,73 @@ EXAMPLES = """examples:
 """
 
 
+class _ArgError(Exception):
+    """An argparse error, raised instead of argparse's usage + exit so that main prints one `error:` line."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog, self.message = prog, message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise _ArgError(self.prog, message)
+
+
+CONFIG_HELP = "preset name or .toml path (default: gpt-shakespeare)"
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    import torch
+
+    import turbotrain
+
+    try:
+        ours = metadata.version("turbotrain")
+    except metadata.PackageNotFoundError:
+        ours = turbotrain.__version__
+    return f"turbotrain {ours} (torch {torch.__version__}, Python {sys.version.split()[0]})"
+
+
+def _config_epilog(full: bool) -> str:
+    from turbotrain.config import config_summary
+
+    keys = f"config sections and keys (set any as KEY=VALUE, e.g. train.steps=30):\n{config_summary()}\n\n" \
+        if full else "config keys: turbotrain train --help; "
+    return keys + "`turbotrain config --reference` prints every key with its type, default and meaning;\n" \
+        "`turbotrain config CONFIG [KEY=VALUE ...]` prints the effective TOML a run would use."
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="turbotrain", description="PyTorch training acceleration, measured honestly.",
-                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="turbotrain", description="PyTorch training acceleration, measured honestly.",
+                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    t = sub.add_parser("train", help="train a preset or a .toml config")
-    t.add_argument("config", nargs="?", default=None, help="preset name or .toml path (default: gpt-shakespeare)")
-    t.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.steps=30")
-    sc = sub.add_parser("scale", help="throughput and efficiency at each world size, through torchrun")
-    sc.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
-    sc.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    def with_config(name: str, help: str, full_epilog: bool = False) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, epilog=_config_epilog(full_epilog),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.add_argument("config", nargs="?", default=None, metavar="CONFIG", help=CONFIG_HELP)
+        sp.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.steps=30")
+        return sp
+
+    with_config("train", "train a preset or a .toml config", full_epilog=True)
+    sc = with_config("scale", "throughput and efficiency at each world size, through torchrun")
     sc.add_argument("--gpus", required=True, help="world sizes, e.g. 1,2,4,8 (CPU processes without a GPU)")
     sc.add_argument("--strategies", default="ddp", help="comma list of ddp,fsdp (default ddp)")
     sc.add_argument("--repeats", type=int, default=1, help="runs per row; the median is reported with the spread")
-    b = sub.add_parser("bench", help="what each technique buys: speed, memory, loss reached")
-    b.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
-    b.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    b = with_config("bench", "what each technique buys: speed, memory, loss reached")
     b.add_argument("--variants", default=None, help="comma list (default: sensible per device): baseline,tf32,"
                    "bf16,fp16,compile,accum,channels_last,act_ckpt,fused_opt,workers,all")
     b.add_argument("--repeats", type=int, default=1, help="runs per variant; the median is reported")
     b.add_argument("--converge", action="store_true", help="judge convergence parity (val loss within 1%%, acc 0.3 pt)")
     b.add_argument("--compare", default="", help="comma list of accelerate,fabric: same workload through them")
-    pr = sub.add_parser("profile", help="where a step's time goes: breakdown, verdict, fixes")
-    pr.add_argument("config", nargs="?", default=None, help="preset name or .toml path")
-    pr.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    pr = with_config("profile", "where a step's time goes: breakdown, verdict, fixes")
     pr.add_argument("--active", type=int, default=5, help="profiled steps (default 5)")
+    c = with_config("config", "print the effective TOML of a config (auto values resolved), or the key reference")
+    c.add_argument("--reference", action="store_true", help="print the reference of every section and key (markdown)")
     e = sub.add_parser("env", help="device, versions, peak FLOP/s and recommended settings")
     e.add_argument("--json", action="store_true")
     d = sub.add_parser("data", help="list or fetch datasets")
@@ -53,6 +96,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    return next((list(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), [])
+
+
+def _arg_error_line(parser: argparse.ArgumentParser, e: _ArgError) -> str:
+    """argparse's complaint as one line that names the problem and points to the right --help."""
+    import difflib
+    import re
+
+    msg = e.message
+    if e.prog == parser.prog:  # the top level: no command, or an unknown one
+        commands = _commands(parser)
+        choice = re.search(r"invalid choice: '?([^' ]*)'?", msg)
+        if choice:
+            close = difflib.get_close_matches(choice.group(1), commands, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"unknown command {choice.group(1)!r}{hint}; commands: {', '.join(commands)}; see turbotrain --help"
+        if "required" in msg and "COMMAND" in msg:
+            return f"no command given; commands: {', '.join(commands)}; see turbotrain --help"
+    msg = re.sub(r"^argument ([^:]+): ", r"\1: ", msg)
+    return f"{' '.join(msg.split())}; see {e.prog} --help"
+
+
+def _user_code_on_path(config: str | None) -> None:
+    """The console script, unlike `python -m`, has not the current directory on sys.path: put the config
+    file's folder and the current directory first, for `pkg.module:name` objects in the config, and export
+    them on PYTHONPATH for the processes bench and scale start."""
+    from turbotrain.config import config_path
+
+    dirs = []
+    path = config_path(config) if config else None
+    if path is not None:
+        dirs.append(os.path.abspath(path.parent))
+    dirs.append(os.getcwd())
+    dirs = list(dict.fromkeys(dirs))
+    sys.path[:] = dirs + [p for p in sys.path if p not in dirs]
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in dirs]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dirs + old)
+
+
 def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """`turbotrain train train.steps=3` — an override in the config slot means "default preset"."""
     if config is not None and "=" in config:
@@ -60,79 +143,125 @@ def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None,
     return config, overrides
 
 
+def _train(args: argparse.Namespace) -> None:
+    from turbotrain.config import load_config
+    from turbotrain.trainer import train
+
+    train(load_config(args.config, args.overrides))
+
+
+def _scale(args: argparse.Namespace) -> None:
+    from turbotrain.scale import run_scale
+
+    try:
+        gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--gpus {args.gpus!r}: expected comma-separated integers, e.g. 1,2,4") from None
+    strategies = [x.strip() for x in args.strategies.split(",") if x.strip()]
+    bad = [x for x in strategies if x not in ("ddp", "fsdp")]
+    if not gpus or min(gpus) < 1 or bad:
+        raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
+    if args.repeats < 1:
+        raise UserError("--repeats must be >= 1")
+    run_scale(args.config, args.overrides, gpus, strategies, args.repeats)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from turbotrain.bench import run_bench
+
+    if args.repeats < 1:
+        raise UserError("--repeats must be >= 1")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    run_bench(args.config, args.overrides, variants, args.repeats, args.converge, compare)
+
+
+def _profile(args: argparse.Namespace) -> None:
+    from turbotrain.config import load_config
+    from turbotrain.profile import run_profile
+
+    if args.active < 1:
+        raise UserError("--active must be >= 1")
+    run_profile(load_config(args.config, args.overrides), active=args.active)
+
+
+def _config(args: argparse.Namespace) -> None:
+    import contextlib
+
+    from turbotrain.config import config_reference, load_config, to_toml
+
+    if args.reference:
+        if args.config or args.overrides:
+            raise UserError("config --reference takes no CONFIG or KEY=VALUE; see turbotrain config --help")
+        print(config_reference())
+        return
+    from turbotrain.resolve import effective_config
+
+    cfg = load_config(args.config, args.overrides)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the TOML alone: `> my.toml` works
+        cfg = effective_config(cfg)
+    print(to_toml(cfg), end="")
+
+
+def _env(args: argparse.Namespace) -> None:
+    from turbotrain.env import describe_env, format_env
+
+    info = describe_env()
+    print(json.dumps(info, indent=2) if args.json else format_env(info))
+
+
+def _data(args: argparse.Namespace) -> None:
+    from turbotrain.data.fetch import fetch, list_datasets
+
+    if args.data_command == "list":
+        for row in list_datasets():
+            print(f"{row['name']:<14} {'cached' if row['cached'] else 'not fetched':<12} {row['source']:<36} {row['about']}")
+    else:
+        print(fetch(args.name))
+
+
+def _presets(args: argparse.Namespace) -> None:
+    from turbotrain.config import list_presets
+
+    print("\n".join(list_presets()))
+
+
+COMMANDS = {"train": _train, "scale": _scale, "bench": _bench, "profile": _profile, "config": _config, "env": _env,
+            "data": _data, "presets": _presets}
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.command == "train":
-        from turbotrain.config import load_config
-        from turbotrain.trainer import train
-
-        config, overrides = _split_config(args.config, args.overrides)
-        train(load_config(config, overrides))
-    elif args.command == "scale":
-        from turbotrain.scale import run_scale
-
-        config, overrides = _split_config(args.config, args.overrides)
-        try:
-            gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--gpus {args.gpus!r}: expected comma-separated integers, e.g. 1,2,4") from None
-        strategies = [x.strip() for x in args.strategies.split(",") if x.strip()]
-        bad = [x for x in strategies if x not in ("ddp", "fsdp")]
-        if not gpus or min(gpus) < 1 or bad:
-            raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
-        if args.repeats < 1:
-            raise UserError("--repeats must be >= 1")
-        run_scale(config, overrides, gpus, strategies, args.repeats)
-    elif args.command == "bench":
-        from turbotrain.bench import run_bench
-
-        config, overrides = _split_config(args.config, args.overrides)
-        if args.repeats < 1:
-            raise UserError("--repeats must be >= 1")
-        variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
-        compare = [c.strip() for c in args.compare.split(",") if c.strip()]
-        run_bench(config, overrides, variants, args.repeats, args.converge, compare)
-    elif args.command == "profile":
-        from turbotrain.config import load_config
-        from turbotrain.profile import run_profile
-
-        config, overrides = _split_config(args.config, args.overrides)
-        if args.active < 1:
-            raise UserError("--active must be >= 1")
-        run_profile(load_config(config, overrides), active=args.active)
-    elif args.command == "env":
-        from turbotrain.env import describe_env, format_env
-
-        info = describe_env()
-        print(json.dumps(info, indent=2) if args.json else format_env(info))
-    elif args.command == "data":
-        from turbotrain.data.fetch import fetch, list_datasets
-
-        if args.data_command == "list":
-            for row in list_datasets():
-                print(f"{row['name']:<14} {'cached' if row['cached'] else 'not fetched':<12} {row['source']:<36} {row['about']}")
-        else:
-            print(fetch(args.name))
-    elif args.command == "presets":
-        from turbotrain.config import list_presets
-
-        print("\n".join(list_presets()))
+    if hasattr(args, "config"):
+        args.config, args.overrides = _split_config(args.config, args.overrides)
+        _user_code_on_path(args.config)
+    COMMANDS[args.command](args)
     return 0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """Flags may sit anywhere: `bench gpt2-124m --converge train.steps=50` keeps train.steps=50 an override."""
     parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
-    if stray:
-        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    try:
+        args, extra = parser.parse_known_args(argv)
+        stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+        if stray:
+            prog = f"turbotrain {args.command}" + (f" {args.data_command}" if getattr(args, "data_command", None) else "")
+            what = "option" if stray[0].startswith("-") else "argument"
+            why = "" if what == "option" or not hasattr(args, "overrides") else " (overrides are SECTION.KEY=VALUE)"
+            raise _ArgError(prog, f"unrecognized {what} {stray[0]!r}{why}")
+    except _ArgError as e:  # one line, as for every user error; main returns the code
+        print(f"error: {_arg_error_line(parser, e)}", file=sys.stderr)
+        raise SystemExit(2) from None
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2, their line printed)
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
     rc = _run_reporting_errors(args)
     if argv is None and "LOCAL_RANK" in os.environ:
         # A torchrun worker, its files saved and closed, leaves without interpreter teardown. Once FSDP2 is
@@ -146,24 +275,44 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _cpu_oom(e: BaseException) -> str | None:
+    """The host allocation that failed, or None when `e` is not a host out-of-memory."""
+    import re
+
+    if isinstance(e, MemoryError):
+        return _one_line(e) if str(e) else "MemoryError"
+    if isinstance(e, RuntimeError) and "can't allocate memory" in str(e) and "CPUAllocator" in str(e):
+        size = re.search(r"allocate (\d+) bytes", str(e))
+        return f"tried to allocate {int(size.group(1)) / 2**30:.1f} GiB" if size else "DefaultCPUAllocator"
+    return None
+
+
 def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return run(args)
     except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number
         return e.code if isinstance(e.code, int) else int(e.code is not None)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # CUDA out of memory is the user's to fix: say how
+    except Exception as e:  # out of memory (GPU or host) is the user's to fix: say how
         import torch
 
+        fixes = ("lower data.batch_size and raise train.grad_accum, set memory.activation_checkpointing=\"full\", "
+                 "or precision.dtype=bf16")
         if isinstance(e, torch.OutOfMemoryError):
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0
-            print(f"error: out of memory (peak {peak:.1f} GiB allocated); lower data.batch_size and raise "
-                  f"train.grad_accum, set memory.activation_checkpointing=\"full\", or precision.dtype=bf16",
-                  file=sys.stderr)
+            print(f"error: out of memory (peak {peak:.1f} GiB allocated); {fixes}", file=sys.stderr)
+            return 2
+        host = _cpu_oom(e)
+        if host is not None:
+            print(f"error: out of memory on the host ({host}); {fixes}, or use a smaller model", file=sys.stderr)
             return 2
         raise

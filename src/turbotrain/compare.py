@@ -1,64 +1,77 @@
 """A comparator for `turbotrain bench --compare`: the same model, data, batch, steps, optimizer (type,
 hyperparameters, fused kernel where there is one), LR schedule and clipping trained through HF Accelerate
-or Lightning Fabric with their own best settings (bf16 + compile), timed like ours. The loss is computed
-inside the module they compile, as their docs' examples and our anchors do (a loss outside the graph keeps
-fp32 logits in memory: on GPT-2 124M, one H200, 16 GiB instead of 8.5 and 0.80-0.84x the speed;
-benchmarks/NOTES.md, session 3, runs 8 and 11).
+or Lightning Fabric with bf16 and torch.compile in mode "default" (Accelerate's dynamo plugin, Fabric's
+`torch.compile`; nothing else tuned), timed like ours. The loss is computed inside the module they
+compile, as their docs' examples and our baselines do: a loss outside the graph keeps fp32 logits in
+memory and slows them down (benchmarks/NOTES.md, session 3).
 
 Run by bench in a fresh process: `python -m turbotrain.compare accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from turbotrain.accel.compile import WithLoss
+from turbotrain.models.structure import WithLoss
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.config import load_config
-from turbotrain.data.loader import Batches, StepSampler, build_dataset, resolve_loader_settings, use_device_resident
+from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.errors import UserError
 from turbotrain.models import build_model
-from turbotrain.trainer import data_meta, peak_mem_gib, resolve_device, resolve_loss, seed_all, sync
+from turbotrain.losses import resolve_loss
+from turbotrain.models import args_from_data
+from turbotrain.resolve import facts_of, resolve
+from turbotrain.workload import data_meta, peak_mem_gib, resolve_device, seed_all, sync
+
+
+def _workload(cfg):
+    """The trainer's model, data and data path (resolved the trainer's way), with their loader batches."""
+    device = resolve_device(cfg.run.device)
+    seed_all(cfg.run.seed)
+    ds = build_dataset(cfg.data, "train")
+    data_args = args_from_data(cfg.model, data_meta(ds))
+    model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    data = resolve(cfg, facts_of(device, model, ds, data_args)).data
+    micro = cfg.data.batch_size * cfg.train.grad_accum  # their loop: one batch per step, same global batch
+    settings = None if data.device_resident else dict(num_workers=data.num_workers, pin_memory=data.pin_memory,
+                                                      prefetch_factor=data.prefetch_factor if data.num_workers else None,
+                                                      persistent_workers=data.persistent_workers and data.num_workers > 0)
+    batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, data.device_resident, settings)
+    return model, ds, batches, device, micro
+
+
+def _through(tool: str, model, opt, device):
+    """The model + loss and optimizer prepared by the framework with its bf16 + compile settings."""
+    bf16 = device.type == "cuda"
+    if tool == "accelerate":
+        from accelerate import Accelerator
+
+        acc = Accelerator(mixed_precision="bf16" if bf16 else "no", dynamo_backend="inductor", cpu=device.type == "cpu")
+        model, opt = acc.prepare(model, opt)
+        return model, opt, acc.backward, acc.clip_grad_norm_
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cuda" if bf16 else "cpu", devices=1, precision="bf16-mixed" if bf16 else "32-true")
+    model, opt = fabric.setup(torch.compile(model), opt)
+    return model, opt, fabric.backward, lambda params, max_norm: fabric.clip_gradients(model, opt, max_norm=max_norm)
 
 
 def main(argv: list[str]) -> int:
     tool, summary_path, *rest = argv
     config = rest[0] if rest and "=" not in rest[0] else None
     cfg = load_config(config, rest[1:] if config else rest)
-    device = resolve_device(cfg.run.device)
-    seed_all(cfg.run.seed)
-    ds = build_dataset(cfg.data, "train")
-    model = build_model(cfg.model, **data_meta(ds))
-    loss_fn = resolve_loss(cfg.train.loss)
     t = cfg.train
-    n_warm, steps = min(3, max(1, t.steps // 10)), t.steps
-    if steps <= n_warm:
-        raise UserError(f"train.steps = {steps}: a comparator needs more steps than its {n_warm} warm-up step(s)")
-    micro = cfg.data.batch_size * t.grad_accum  # their loop: one batch per step, same global batch
-    resident = use_device_resident(cfg.data, ds)
-    settings = None if resident else resolve_loader_settings(cfg.data, device)
-    batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, resident, settings)
-    bf16 = device.type == "cuda"
+    n_warm = min(3, max(1, t.steps // 10))
+    if t.steps <= n_warm:
+        raise UserError(f"train.steps = {t.steps}: a comparator needs more steps than its {n_warm} warm-up step(s)")
+    model, ds, batches, device, micro = _workload(cfg)
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, impl="auto")
-    model = WithLoss(model, loss_fn)  # model + loss: one module to prepare and compile
-    if tool == "accelerate":
-        from accelerate import Accelerator
-
-        acc = Accelerator(mixed_precision="bf16" if bf16 else "no", dynamo_backend="inductor", cpu=device.type == "cpu")
-        model, opt = acc.prepare(model, opt)
-        backward, clip = acc.backward, acc.clip_grad_norm_
-    else:
-        from lightning.fabric import Fabric
-
-        fabric = Fabric(accelerator="cuda" if bf16 else "cpu", devices=1, precision="bf16-mixed" if bf16 else "32-true")
-        model = torch.compile(model)
-        model, opt = fabric.setup(model, opt)
-        backward = fabric.backward
-        clip = lambda params, max_norm: fabric.clip_gradients(model, opt, max_norm=max_norm)  # noqa: E731
+    model, opt, backward, clip = _through(tool, WithLoss(model, resolve_loss(t.loss)), opt, device)
     sched = build_scheduler(opt, t.warmup_steps, t.steps, t.schedule)
 
     def step() -> torch.Tensor:
@@ -77,16 +90,17 @@ def main(argv: list[str]) -> int:
         step()
     sync(device)
     warm_s, t1 = time.perf_counter() - t0, time.perf_counter()
-    for _ in range(steps - n_warm):
+    for _ in range(t.steps - n_warm):
         loss = step()
     sync(device)
-    rate = (steps - n_warm) * micro / (time.perf_counter() - t1)
+    rate = (t.steps - n_warm) * micro / (time.perf_counter() - t1)
     x, _ = ds[0]
     tokens = x.shape[0] if x.dim() == 1 and not x.is_floating_point() else None
+    on_gpu = device.type == "cuda"
     summary = {"samples_per_s": rate, "samples_per_s_median_window": None, "tokens_per_s": rate * tokens if tokens else None,
                "peak_mem_gib": peak_mem_gib(device), "final_loss": loss.item(), "val_loss": None, "val_acc": None,
-               "compile_s": warm_s, "global_batch": micro, "mfu": None, "dtype": "bf16" if bf16 else "fp32",
-               "device_name": torch.cuda.get_device_name(device) if bf16 else "cpu", "framework": tool}
+               "compile_s": warm_s, "global_batch": micro, "mfu": None, "dtype": "bf16" if on_gpu else "fp32",
+               "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu", "framework": tool}
     Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
     Path(summary_path).write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))

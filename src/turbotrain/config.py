@@ -7,6 +7,9 @@ Usage: `cfg = load_config("gpt-shakespeare", ["train.steps=30", "precision.dtype
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 import tomllib
 import types
 import typing
@@ -15,78 +18,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from turbotrain.accel.activation_ckpt import ActCkpt
-from turbotrain.accel.attention import Attention
+from turbotrain.accel.activation_ckpt import MemoryConfig
+from turbotrain.accel.attention import KernelsConfig
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.precision import PrecisionConfig
 from turbotrain.checkpoint import CheckpointConfig
 from turbotrain.data.loader import DataConfig
-from turbotrain.distributed.env import ParallelConfig
+from turbotrain.distributed.parallel import ParallelConfig
 from turbotrain.errors import UserError
 from turbotrain.models import ModelConfig
+from turbotrain.rundir import RunConfig
+from turbotrain.step import TrainConfig
 
 DEFAULT_PRESET = "gpt-shakespeare"
 
 
 @dataclass
-class RunConfig:
-    name: str = "run"
-    out_dir: str = "runs"
-    seed: int = 0
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        ok = self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
-        if not ok:
-            raise UserError(f"run.device = {self.device!r}: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
-        if not self.name or "/" in self.name:
-            raise UserError(f"run.name = {self.name!r}: must be a non-empty name without '/'")
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 100
-    grad_accum: int = 1
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    optimizer_impl: Literal["auto", "fused", "foreach", "for"] = "auto"
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    warmup_steps: int = 0
-    schedule: Literal["cosine", "constant"] = "cosine"
-    grad_clip: float = 1.0  # 0 = off
-    loss: str = "cross_entropy"  # "cross_entropy" | "mse" | "model" (the model returns its loss) | "pkg.module:fn"
-    eval_every: int = 0  # 0 = only at the end
-    log_every: int = 10
-    max_bad_steps: int = 3  # consecutive non-finite losses before the run stops
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "grad_accum", "log_every", "max_bad_steps"):
-            if getattr(self, name) < 1:
-                raise UserError(f"train.{name} = {getattr(self, name)}: must be >= 1")
-        for name in ("warmup_steps", "eval_every"):
-            if getattr(self, name) < 0:
-                raise UserError(f"train.{name} = {getattr(self, name)}: must be >= 0")
-        if not self.lr > 0:
-            raise UserError(f"train.lr = {self.lr}: must be > 0")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise UserError("train.weight_decay and train.grad_clip must be >= 0")
-        if self.loss not in ("cross_entropy", "mse", "model") and ":" not in self.loss:
-            raise UserError(f"train.loss = {self.loss!r}: expected \"cross_entropy\", \"mse\", \"model\" or 'pkg.module:fn'")
-
-
-@dataclass
-class MemoryConfig:
-    activation_checkpointing: ActCkpt = "none"
-    channels_last: bool | Literal["auto"] = "auto"
-
-
-@dataclass
-class KernelsConfig:
-    attention: Attention = "default"  # SDPA backend order ("auto": cuDNN first on Hopper; measured no gain on GPT-2 124M)
-
-
-@dataclass
 class Config:
+    """The whole config: one section per technique or part, each defined beside the code it configures."""
+
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -100,6 +50,9 @@ class Config:
 
 
 # ---------------------------------------------------------------- parsing and validation
+
+MAX_EXTENDS = 16  # files in one `extends` chain
+
 
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -129,7 +82,10 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, int) and not isinstance(value, bool), value
     if base is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok else value
+        try:
+            return ok, float(value) if ok else value
+        except OverflowError:  # an integer beyond float range
+            return False, value
     if base is str:
         return isinstance(value, str), value
     if base is dict:
@@ -140,21 +96,40 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
 
 
 def _show(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+    """A value as one line: strings quoted with control characters escaped."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return " ".join(repr(value).split())
+
+
+def _bad_text(value: str) -> str | None:
+    """Why a config string cannot be used (control characters, lone surrogates), or None."""
+    bad = sorted({c for c in value if ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF})
+    return "contains " + ", ".join(_show(c) for c in bad) if bad else None
 
 
 def _build_section(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, dict):
         raise UserError(f"[{section}] must be a table, got {_show(table)}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in table.items():
-        if key not in hints:
-            raise UserError(f"unknown key {section}.{key}; valid keys in [{section}]: {', '.join(names)}")
+        if key not in fields:
+            raise UserError(f"unknown key {section}.{_show(key) if _bad_text(key) else key}; "
+                            f"valid keys in [{section}]: {', '.join(fields)}")
         ok, value = _coerce(value, hints[key])
         if not ok:
             raise UserError(f"{section}.{key} = {_show(value)}: expected {_describe(hints[key])}")
+        # nan/inf pass every range check (nan < 0 is False): refused here for every float field, unless the
+        # field says otherwise with dataclasses.field(metadata={"nonfinite": True})
+        if isinstance(value, float) and not math.isfinite(value) and not fields[key].metadata.get("nonfinite"):
+            raise UserError(f"{section}.{key} = {_show(value)}: must be a finite number")
+        if isinstance(value, str) and _bad_text(value):
+            rule = getattr(cls, f"{key.upper()}_RULE", None)  # e.g. RunConfig.NAME_RULE
+            raise UserError(f"{section}.{key} = {_show(value)}: {_bad_text(value)}; {rule or 'remove it'}")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -165,7 +140,8 @@ def config_from_dict(raw: dict) -> Config:
     kwargs = {}
     for name, table in raw.items():
         if name not in sections:
-            raise UserError(f"unknown section [{name}]; valid sections: {', '.join(sections)}")
+            raise UserError(f"unknown section [{_show(name) if _bad_text(name) else name}]; "
+                            f"valid sections: {', '.join(sections)}")
         kwargs[name] = _build_section(hints[name], table, name)
     return Config(**kwargs)
 
@@ -180,14 +156,15 @@ def parse_value(text: str) -> Any:
 
 def apply_override(raw: dict, item: str) -> None:
     key, eq, text = item.partition("=")
-    if not eq or not key or "." not in key:
-        raise UserError(f"override {item!r}: expected SECTION.KEY=VALUE, e.g. train.steps=30")
-    *path, last = key.strip().split(".")
+    parts = key.strip().split(".")
+    if not eq or len(parts) < 2 or not all(p.strip() for p in parts):
+        raise UserError(f"override {_show(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30")
+    *path, last = (p.strip() for p in parts)
     node = raw
     for part in path:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise UserError(f"override {item!r}: {part} is not a table")
+            raise UserError(f"override {_show(item)}: {part} is not a table")
     node[last] = parse_value(text.strip())
 
 
@@ -195,27 +172,91 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("turbotrain.presets").iterdir() if p.name.endswith(".toml"))
 
 
-def _read_toml(source: str) -> tuple[dict, str]:
-    path = Path(source)
-    is_path = source.endswith(".toml") or "/" in source or path.exists()
-    if is_path:
-        if not path.is_file():
-            raise UserError(f"config file {source} not found")
-        text, where = path.read_text(), str(path)
+def _is_preset(name: str) -> bool:
+    return bool(name) and not any(c in name for c in "/\\\0") and \
+        (resources.files("turbotrain.presets") / f"{name}.toml").is_file()
+
+
+def config_path(source: str, base: Path | None = None) -> Path | None:
+    """The file a CONFIG argument (or an `extends` value) names, or None when it names a preset.
+
+    A path is anything ending in .toml or holding a path separator, or an existing file; a relative one
+    resolves against `base` (the folder of the file that extends it) or else the current directory."""
+    path = Path(source).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if source.endswith(".toml") or "/" in source or "\\" in source or path.is_file():
+        return path
+    if path.exists() and not _is_preset(source):  # a directory: refused by _read_text, naming it
+        return path
+    return None
+
+
+def _read_text(path: Path, shown: str) -> str:
+    if path.is_dir():
+        raise UserError(f"config {shown} is a directory; pass a .toml file inside it or a preset name")
+    if not path.exists():
+        raise UserError(f"config file {shown} not found")
+    if not path.is_file():
+        raise UserError(f"config {shown} is not a regular file; pass a .toml file or a preset name")
+    try:
+        data = path.read_bytes()
+    except PermissionError:
+        raise UserError(f"cannot read config {shown}: permission denied; make it readable (chmod u+r)") from None
+    except OSError as e:
+        raise UserError(f"cannot read config {shown}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is tolerated
+    except UnicodeDecodeError as e:
+        raise UserError(f"config {shown} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                        "save it as UTF-8") from None
+
+
+@dataclass
+class _Source:
+    raw: dict  # merged over everything it extends
+    own: dict  # the file's own tables, before the merge
+    path: Path | None  # None: a preset
+
+
+def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, str], ...] = ()) -> _Source:
+    """Read a preset or a file and the chain it `extends`; `chain` holds (identity, shown) of the files that
+    extend this one, outermost first."""
+    if _bad_text(source):
+        raise UserError(f"config {_show(source)}: {_bad_text(source)}; name a preset or a .toml file")
+    via = f" (extended by {chain[-1][1]})" if chain else ""
+    path = config_path(source, base)
+    if path is not None:
+        ident, where = f"file:{path.resolve()}", str(path)
+        text = _read_text(path, where + via)
     else:
         preset = resources.files("turbotrain.presets") / f"{source}.toml"
-        if not preset.is_file():
-            raise UserError(f"no preset or file named {source!r}; presets: {', '.join(list_presets())}")
-        text, where = preset.read_text(), f"preset {source}"
+        if not _is_preset(source):
+            raise UserError(f"no preset or file named {_show(source)}{via}; presets: {', '.join(list_presets())}")
+        ident, where = f"preset:{source}", f"preset {source}"
+        text = preset.read_text(encoding="utf-8")
+    seen = [i for i, _ in chain]
+    if ident in seen:
+        cycle = [shown for _, shown in chain[seen.index(ident):]] + [where]
+        what = f"{where} extends itself" if len(cycle) == 2 else "extends form a cycle: " + " -> ".join(cycle)
+        raise UserError(f"{what}; remove one of these extends")
+    if len(chain) >= MAX_EXTENDS:
+        raise UserError(f"{where}: extends chain is longer than {MAX_EXTENDS} files "
+                        f"({chain[0][1]} -> {chain[1][1]} -> ...); flatten it")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{where}: malformed TOML ({e})") from None
-    base = raw.pop("extends", None)
-    if base is not None:  # a user TOML may start from a preset: extends = "gpt-shakespeare"
-        parent, _ = _read_toml(str(base))
-        raw = _merge(parent, raw)
-    return raw, where
+        raise UserError(f"{where}: malformed TOML ({' '.join(str(e).split())})") from None
+    own = dict(raw)
+    parent_name = raw.pop("extends", None)
+    if parent_name is not None:  # a user TOML may start from a preset or another file: extends = "gpt-shakespeare"
+        if not isinstance(parent_name, str) or not parent_name.strip():
+            raise UserError(f"{where}: extends = {_show(parent_name)}: expected a preset name or a .toml path "
+                            'as a string, e.g. extends = "gpt-shakespeare"')
+        parent = _load_source(parent_name.strip(), path.parent if path is not None else None,
+                              (*chain, (ident, where)))
+        raw = _merge(parent.raw, raw)
+    return _Source(raw, own, path)
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -233,46 +274,135 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def name_from_stem(stem: str) -> str:
+    """A valid run.name from a config file's stem: unsafe characters become '_'."""
+    name = "".join(c if RunConfig.name_char_ok(c) else "_" for c in stem).strip(" ").lstrip("-")[:128].strip(" ")
+    return name if RunConfig.name_problem(name) is None else "run"
+
+
 def load_config(source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    raw, _ = _read_toml(source or DEFAULT_PRESET)
-    base = {sec: dict(raw.get(sec, {})) for sec in ("model", "data")}
+    """A preset or a .toml file, plus dotted overrides. A file's runs are named after it (`my.toml` → runs/my/)
+    unless the file itself sets run.name (a preset it extends does not count) or an override does."""
+    src = _load_source(source or DEFAULT_PRESET)
+    raw = src.raw
+    own_run = src.own.get("run")
+    if src.path is not None and not (isinstance(own_run, dict) and "name" in own_run) \
+            and isinstance(raw.get("run", {}), dict):
+        raw["run"] = {**raw.get("run", {}), "name": name_from_stem(src.path.stem)}
+    base = {sec: dict(raw[sec]) if isinstance(raw.get(sec), dict) else {} for sec in ("model", "data")}
     for item in overrides:
         apply_override(raw, item)
     for sec, before in base.items():  # another factory named on the command line: the preset's args go
         now = raw.get(sec, {})
-        if "name" in now and now["name"] != before.get("name") and "args" in before:
+        if isinstance(now, dict) and "name" in now and now["name"] != before.get("name") and "args" in before:
             given = {k.split("=", 1)[0].strip().split(".", 2)[2] for k in overrides
                      if k.strip().startswith(f"{sec}.args.") and "=" in k}
-            now["args"] = {k: v for k, v in now.get("args", {}).items() if k in given}
+            args = now.get("args", {})
+            now["args"] = {k: v for k, v in args.items() if k in given} if isinstance(args, dict) else args
     return config_from_dict(raw)
 
 
 # ---------------------------------------------------------------- writing
 
+_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_str(s: str) -> str:
+    """A TOML basic string: quote, backslash and every control character escaped; other Unicode as is."""
+    return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 32 or ord(c) == 127 else c)
+                         for c in s) + '"'
+
+
+def _toml_key(k: Any) -> str:
+    k = str(k)
+    return k if _BARE_KEY.fullmatch(k) else _toml_str(k)
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, float):
-        return repr(v) if v == v and abs(v) != float("inf") else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
-    return str(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    if hasattr(v, "item") and callable(v.item):  # numpy / torch scalars
+        return _toml_value(v.item())
+    return _toml_str(str(v))  # paths and the like
 
 
 def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML (every key, defaults included); `load_config(path)` reads it back."""
+    """The resolved config as TOML (every key, defaults included); `load_config(path)` reads it back.
+    TOML has no null: a None value is left out."""
     lines: list[str] = []
 
-    def table(name: str, d: dict) -> None:
-        lines.append(f"[{name}]")
+    def table(header: str, d: dict) -> None:
+        lines.append(f"[{header}]")
         subs = {k: v for k, v in d.items() if isinstance(v, dict)}
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict))
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d.items()
+                     if not isinstance(v, dict) and v is not None)
         lines.append("")
         for k, v in subs.items():
-            table(f"{name}.{k}", v)
+            table(f"{header}.{_toml_key(k)}", v)
 
     for name, section in dataclasses.asdict(cfg).items():
         table(name, section)
+    return "\n".join(lines)
+
+
+def _walk() -> list[tuple[str, type]]:
+    """(section name, its dataclass) in file order: the one walk behind the reference and the summary."""
+    hints = typing.get_type_hints(Config)
+    return [(section.name, hints[section.name]) for section in dataclasses.fields(Config)]
+
+
+def config_summary(width: int = 100) -> str:
+    """Every section and its keys, compactly (`turbotrain train --help`)."""
+    import textwrap
+
+    out = []
+    for name, cls in _walk():
+        head = f"  [{name}] "
+        out.append(textwrap.fill(", ".join(f.name for f in dataclasses.fields(cls)), width, initial_indent=head,
+                                 subsequent_indent=" " * len(head)))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- the reference (docs/config.md)
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a section (the string literal after `name: type = default`)."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def config_reference() -> str:
+    """Markdown reference of every section and key, generated from the dataclasses (docs/config.md)."""
+    lines = ["# Config reference", "", "Generated from the config dataclasses by `turbotrain config --reference`; "
+             "a test fails when this file drifts from them.", ""]
+    for name, cls in _walk():
+        docs, types_ = _field_docs(cls), typing.get_type_hints(cls)
+        lines += [f"## [{name}]", "", "| key | type | default | what |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = "{}" if isinstance(default, dict) else _toml_value(default)
+            cells = [f"`{f.name}`", _describe(types_[f.name]), f"`{shown}`", docs.get(f.name, "")]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("")
     return "\n".join(lines)

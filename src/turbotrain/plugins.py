@@ -30,13 +30,39 @@ def load_object(spec: str, key: str) -> Any:
     return obj
 
 
+def factory_label(fn: Any) -> str:
+    """`turbotrain.models.gpt:build`, `userpkg.data:regression`: how a message names a factory."""
+    return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or getattr(fn, '__name__', 'factory')}"
+
+
+def argument_names(fn: Any, n_positional: int = 0) -> list[str] | None:
+    """The keyword arguments `fn` accepts after its first `n_positional`; None if it takes **kwargs or has
+    no signature."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    names, skipped = [], 0
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and skipped < n_positional:
+            skipped += 1
+            continue
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.append(p.name)
+    return names
+
+
 def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
-    """Call a user factory; a wrong keyword becomes a config error naming the section's args."""
+    """Call a user or built-in factory; a wrong or missing keyword becomes one config error that names the
+    factory and lists the arguments it takes (`key` is the section, e.g. "model.args")."""
     try:  # check the call against the signature only: a TypeError inside the user's code stays theirs
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
-        name = getattr(fn, "__name__", "factory")
-        raise UserError(f"{key}: {name}() {e} (check [{key.split('.')[0]}.args])") from None
+        valid = argument_names(fn, len(args))
+        takes = f"valid {key}: {', '.join(valid)}" if valid else f"it takes no {key}" if valid == [] else ""
+        raise UserError(f"{key}: {factory_label(fn)}() {e}" + (f"; {takes}" if takes else "")) from None
     except ValueError:  # no signature to check (some builtins)
         pass
     return fn(*args, **kwargs)

@@ -23,6 +23,7 @@ import shutil
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -35,8 +36,10 @@ from turbotrain.distributed.env import shutdown
 from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.files import write_report
 from turbotrain.monitor import phases
-from turbotrain.monitor.log import say
-from turbotrain.trainer import Setup, build, first_train_step, peak_mem_gib, resolve_device, sync, train_step
+from turbotrain.log import Heartbeat, say
+from turbotrain.prepare import Run, prepare
+from turbotrain.step import first_train_step, train_step
+from turbotrain.workload import peak_mem_gib, resolve_device, sync
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
 
@@ -170,67 +173,100 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
     return per, top
 
 
-def verdict(shares: dict, s: Setup, memory: dict) -> tuple[str, list[dict]]:
-    """The bottleneck and ranked recommendations naming turbotrain keys, each with its evidence."""
-    cfg, on_gpu, recs = s.cfg, s.device.type == "cuda", []
+def _rec(keys: str, why: str, share: float) -> dict:
+    return {"set": keys, "why": why, "evidence_share": round(share, 4)}
+
+
+def _data_advice(run: Run, data: float) -> list[dict]:
+    loader = getattr(run.batches, "loader", None)  # None on the device-resident path
+    workers = loader.num_workers if loader is not None else 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    recs = []
+    if not run.batches.resident and workers < max(1, cpus - 1):
+        recs.append(_rec(f"data.num_workers={max(2, min(8, cpus - 1))}", f"the step waits for data {data:.0%} of the "
+                         f"time with {workers} loader workers; workers prepare batches in parallel", data))
+    if run.trainee.device.type == "cuda" and not run.batches.resident:
+        recs.append(_rec("data.pin_memory=true data.prefetch_factor=4", "pinned, prefetched batches copy "
+                         "asynchronously", data))
+    if loader is not None and isinstance(loader.dataset, TensorDataset):
+        recs.append(_rec("data.device_resident=true", "the dataset is an in-memory tensor set: kept on the device it "
+                         "needs no loader at all", data))
+    return recs
+
+
+def _comm_advice(run: Run, comm: float) -> list[dict]:
+    cfg, strategy, recs = run.cfg, run.cfg.parallel.strategy, []
+    if strategy == "ddp":
+        recs.append(_rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 2}", f"{comm:.0%} of the step is "
+                         "communication not hidden behind compute; larger buckets mean fewer, better-overlapped "
+                         "all-reduces", comm))
+    # FSDP2 only: on DDP the bf16 comm hook measured slower than native fp32 buckets (benchmarks/NOTES.md)
+    if strategy == "fsdp" and cfg.parallel.grad_compression == "none":
+        recs.append(_rec('parallel.grad_compression="bf16"', "gradients reduced in bf16 move half the bytes", comm))
+    if strategy == "fsdp" and cfg.parallel.reshard_after_forward and unit_groups(run.trainee.model, cfg.parallel.fsdp_units):
+        recs.append(_rec("parallel.reshard_after_forward=false", "keeping gathered parameters from forward to "
+                         "backward saves one all-gather per step (more memory)", comm))
+    recs.append(_rec(f"train.grad_accum={cfg.train.grad_accum * 2}", "accumulating more micro-batches reduces "
+                     "gradients once per more compute", comm))
+    return recs
+
+
+def _host_advice(run: Run, host: float) -> list[dict]:
+    c, recs = run.cfg.compile, []
+    # CUDA graphs only where they can hold: one process (the resolver turns them off under DDP/FSDP)
+    if run.cfg.parallel.strategy == "none" and (not c.enabled or c.mode != "reduce-overhead"):
+        recs.append(_rec("compile.enabled=true compile.mode=reduce-overhead", f"the GPU idles {host:.0%} of the step "
+                         "waiting for the host; CUDA graphs replay the whole step in one launch", host))
+    elif not c.enabled:
+        recs.append(_rec("compile.enabled=true", f"the GPU idles {host:.0%} of the step waiting for the host; "
+                         "compiled graphs launch fewer, fused kernels", host))
+    recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", "more work per launch amortizes the host "
+                     "overhead", host))
+    return recs
+
+
+def _memory_advice(run: Run, mem_frac: float) -> list[dict]:
+    b, a = run.cfg.data.batch_size, run.cfg.train.grad_accum
+    return [_rec('memory.activation_checkpointing="selective"', f"peak memory is {mem_frac:.0%} of the device", mem_frac),
+            _rec(f"data.batch_size={max(1, b // 2)} train.grad_accum={a * 2}", "same global batch in half the "
+                 "activation memory", mem_frac)]
+
+
+def _compute_advice(run: Run, compute: float) -> list[dict]:
+    """GPU levers on the compute itself; on a CPU none of these applies (no tensor cores, no CUDA graphs)."""
+    cfg, tr, recs = run.cfg, run.trainee, []
+    if tr.device.type != "cuda":
+        return recs
+    if tr.dtype in ("fp32", "tf32"):
+        recs.append(_rec("precision.dtype=bf16", f"compute is {compute:.0%} of the step in {tr.dtype}; bf16 tensor "
+                         "cores are several times faster and halve activation memory", compute))
+    if not cfg.compile.enabled:
+        recs.append(_rec("compile.enabled=true", "eager mode runs each elementwise op as its own kernel; compile "
+                         f"fuses them (forward+backward are {compute:.0%} of the step)", compute))
+    if not cfg.memory.channels_last and any(isinstance(m, torch.nn.Conv2d) for m in tr.model.modules()):
+        recs.append(_rec("memory.channels_last=true", "convolutions run faster on NHWC tensor cores", compute))
+    return recs
+
+
+def verdict(shares: dict, run: Run, memory: dict) -> tuple[str, list[dict]]:
+    """The bottleneck and ranked recommendations naming turbotrain keys, each with its evidence. Every
+    recommendation can be pasted as it is on this machine: none names a device it does not have."""
+    on_gpu = run.trainee.device.type == "cuda"
     data, host = shares["data_wait"] + shares["h2d_copy"], shares["host_overhead"]
     comm, compute = shares["exposed_comm"], shares["forward"] + shares["backward"] + shares["optimizer"]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-    def rec(keys: str, why: str, share: float) -> None:
-        recs.append({"set": keys, "why": why, "evidence_share": round(share, 4)})
-
     mem_frac = memory.get("peak_allocated_gib", 0) / memory["device_total_gib"] if memory.get("device_total_gib") else 0
     if data >= 0.2:
-        kind = "data-bound"
-        loader = getattr(s.batches, "loader", None)  # None on the device-resident path
-        workers = loader.num_workers if loader is not None else 0
-        if not s.batches.resident and workers < max(1, cpus - 1):
-            rec(f"data.num_workers={max(2, min(8, cpus - 1))}", f"the step waits for data {data:.0%} of the time "
-                f"with {workers} loader workers; workers prepare batches in parallel", data)
-        if on_gpu and not s.batches.resident:
-            rec("data.pin_memory=true data.prefetch_factor=4", "pinned, prefetched batches copy asynchronously", data)
-        if loader is not None and isinstance(loader.dataset, TensorDataset):
-            rec("data.device_resident=true", "the dataset is an in-memory tensor set: kept on the device it needs "
-                "no loader at all", data)
+        kind, recs = "data-bound", _data_advice(run, data)
     elif comm >= 0.15:
-        kind = "communication-bound"
-        if s.strategy == "ddp":
-            rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 2}", f"{comm:.0%} of the step is "
-                "communication not hidden behind compute; larger buckets mean fewer, better-overlapped all-reduces", comm)
-        # FSDP2 only: on DDP the bf16 comm hook measured slower than native fp32 buckets (0.82x, 2xH200)
-        if s.strategy == "fsdp" and cfg.parallel.grad_compression == "none":
-            rec('parallel.grad_compression="bf16"', "gradients reduced in bf16 move half the bytes", comm)
-        if s.strategy == "fsdp" and cfg.parallel.reshard_after_forward and unit_groups(s.model, cfg.parallel.fsdp_units):
-            rec("parallel.reshard_after_forward=false", "keeping gathered parameters from forward to backward "
-                "saves one all-gather per step (more memory)", comm)
-        rec(f"train.grad_accum={cfg.train.grad_accum * 2}", "accumulating more micro-batches reduces gradients "
-            "once per more compute", comm)
+        kind, recs = "communication-bound", _comm_advice(run, comm)
     elif on_gpu and host >= 0.3:
-        kind = "host/launch-bound"
-        if not cfg.compile.enabled or cfg.compile.mode != "reduce-overhead":
-            rec("compile.enabled=true compile.mode=reduce-overhead", f"the GPU idles {host:.0%} of the step "
-                "waiting for the host; CUDA graphs replay the whole step in one launch", host)
-        rec(f"data.batch_size={cfg.data.batch_size * 2}", "more work per launch amortizes the host overhead", host)
+        kind, recs = "host/launch-bound", _host_advice(run, host)
     elif mem_frac > 0.9:
-        kind = "memory-bound"
-        rec('memory.activation_checkpointing="selective"', f"peak memory is {mem_frac:.0%} of the device", mem_frac)
-        rec(f"data.batch_size={max(1, cfg.data.batch_size // 2)} train.grad_accum={cfg.train.grad_accum * 2}",
-            "same global batch in half the activation memory", mem_frac)
+        kind, recs = "memory-bound", _memory_advice(run, mem_frac)
     else:
-        kind = "compute-bound"
+        kind, recs = "compute-bound", []
     # compute-side advice applies whatever the verdict, ranked after the verdict's own
-    if on_gpu and s.dtype in ("fp32", "tf32"):
-        rec("precision.dtype=bf16", f"compute is {compute:.0%} of the step in {s.dtype}; bf16 tensor cores are "
-            "several times faster and halve activation memory", compute)
-    if on_gpu and not cfg.compile.enabled:
-        rec("compile.enabled=true", f"eager mode runs each elementwise op as its own kernel; compile fuses them "
-            f"(forward+backward are {compute:.0%} of the step)", compute)
-    if on_gpu and s.info.get("channels_last") is False and any(isinstance(m, torch.nn.Conv2d) for m in s.model.modules()):
-        rec("memory.channels_last=true", "convolutions run faster on NHWC tensor cores", compute)
-    if not on_gpu and kind == "compute-bound" and host < 0.3:
-        rec("run.device=\"cuda\"", "the step is compute-bound on a CPU; a GPU is the next lever", compute)
-    return kind, recs
+    return kind, recs + _compute_advice(run, compute)
 
 
 def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) -> dict:
@@ -241,82 +277,92 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
     try:
         with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
-            return _profile(build(cfg, probe=True), n_warm, wait, warmup, active)
+            return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active)
     finally:
         phases.enable(False)
         shutdown()
 
 
-def _profile(s: Setup, n_warm: int, wait: int, warmup: int, active: int) -> dict:
-    out = s.run_dir / "profile"
-    out.mkdir(parents=True, exist_ok=True)
-    on_gpu = s.device.type == "cuda"
-    accum = s.cfg.train.grad_accum
-    suffix = "" if s.env.is_main else f"-rank{s.env.rank}"  # torchrun: one trace per rank, one report
-    s.model.train()
+def _one_step(run: Run, first: bool = False) -> float:
+    """One train step timed on a drained device, with the data fetch as its own phase."""
+    t0, tr = time.perf_counter(), run.trainee
+    with phases.phase("data"):
+        micro = [next(run.batches) for _ in range(run.cfg.train.grad_accum)]
+    if first and tr.compiled:  # compile happens here; a compiler error falls back to eager, as in train
+        first_train_step(tr, micro, run.cfg.train.grad_clip)
+    else:
+        train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)
+    sync(tr.device)
+    return time.perf_counter() - t0
 
-    def one_step(first: bool = False) -> float:
-        t0 = time.perf_counter()
-        with phases.phase("data"):
-            micro = [next(s.batches) for _ in range(accum)]
-        if first and s.compiled:  # compile happens here; a compiler error falls back to eager, as in train
-            first_train_step(s, micro)
-        else:
-            train_step(s, micro, want_norm=False)
-        sync(s.device)
-        return time.perf_counter() - t0
 
-    say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
-    for i in range(n_warm):
-        one_step(first=i == 0)
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats(s.device)
+def _record(run: Run, wait: int, warmup: int, active: int) -> tuple[profile, list[float]]:
+    on_gpu = run.trainee.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     phases.enable(True)
     times = []
     with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
                  record_shapes=True, profile_memory=True, with_stack=False) as prof:
         for _ in range(wait + warmup + active):
-            times.append(one_step())
+            times.append(_one_step(run))
             prof.step()
     phases.enable(False)
-    step_s = statistics.median(times[-active:])
-    mean_step_s = statistics.fmean(times[-active:])  # the parts are per-step means: so is the whole they share
-    memory = {"peak_allocated_gib": round(peak_mem_gib(s.device), 3)}
-    if on_gpu:
-        memory["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(s.device) / 2**30, 3)
-        memory["device_total_gib"] = round(torch.cuda.get_device_properties(s.device).total_memory / 2**30, 1)
+    return prof, times[-active:]
+
+
+def _memory(run: Run, out: Path, suffix: str) -> dict:
+    device = run.trainee.device
+    memory = {"peak_allocated_gib": round(peak_mem_gib(device), 3)}
+    if device.type == "cuda":
+        memory["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
+        memory["device_total_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
         # one more step with allocation history on, after the timed ones (recording slows the host)
         torch.cuda.memory._record_memory_history(max_entries=100_000)
-        one_step()
+        _one_step(run)
         torch.cuda.memory._dump_snapshot(str(out / f"memory_snapshot{suffix}.pickle"))
         torch.cuda.memory._record_memory_history(enabled=None)
         memory["snapshot"] = f"memory_snapshot{suffix}.pickle (open at https://pytorch.org/memory_viz)"
-    per, top = analyze(prof.events(), mean_step_s, active, on_gpu)
+    return memory
+
+
+def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict:
+    out, tr = run.rundir.path / "profile", run.trainee
+    out.mkdir(parents=True, exist_ok=True)
+    on_gpu = tr.device.type == "cuda"
+    suffix = "" if run.env.is_main else f"-rank{run.env.rank}"  # torchrun: one trace per rank, one report
+    tr.model.train()
+    say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
+    with Heartbeat("profile: warming up (compile happens in the first step)"):
+        for i in range(n_warm):
+            _one_step(run, first=i == 0)
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(tr.device)
+    with Heartbeat("profile: recording the profiled steps"):
+        prof, times = _record(run, wait, warmup, active)
+    memory = _memory(run, out, suffix)
+    # the parts are per-step means: so is the whole they share
+    per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
-    kind, recs = verdict(shares, s, memory)
-
+    kind, recs = verdict(shares, run, memory)
     raw = out / f"trace{suffix}.json"
     prof.export_chrome_trace(str(raw))
     with open(raw, "rb") as f, gzip.open(out / f"trace{suffix}.json.gz", "wb") as g:
         shutil.copyfileobj(f, g)
     raw.unlink()
-    gpu_busy = None
-    if on_gpu:
-        gpu_busy = 1 - shares["host_overhead"] - shares["data_wait"]
     report = {
-        "workload": s.cfg.run.name, "device": s.info["device_name"], "dtype": s.dtype, "torch": torch.__version__,
-        "compile": s.info["compile"] and {**s.info["compile"], **compile_stats(), "fell_back": not s.compiled},
-        "strategy": s.strategy, "global_batch": s.global_batch, "step_ms_median": step_s * 1e3,
-        "steps_profiled": active, "step_ms_profiled": [t * 1e3 for t in times[-active:]],
-        "breakdown_ms": {k: v * 1e3 for k, v in per.items()}, "breakdown_share": shares,
-        "gpu_busy_share": gpu_busy, "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
+        "workload": run.cfg.run.name, "device": run.info["device_name"], "dtype": tr.dtype, "torch": torch.__version__,
+        "compile": run.info["compile"] and {**run.info["compile"], **compile_stats(), "fell_back": not tr.compiled},
+        "strategy": run.cfg.parallel.strategy, "global_batch": run.cost.global_batch,
+        "step_ms_median": statistics.median(times) * 1e3, "steps_profiled": active,
+        "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
+        "breakdown_share": shares, "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
+        "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "
                   "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
     }
-    if s.env.is_main:  # the report is rank 0's view; every rank keeps its own trace
+    if run.env.is_main:  # the report is rank 0's view; every rank keeps its own trace
         write_report(out, "report", report, format_report(report))
         say(f"profile: wrote {out}")
     return report

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,24 +17,25 @@ import torch
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
 from turbotrain.files import write_report
-from turbotrain.monitor.log import say
+from turbotrain.log import run_logged, run_progress, say
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
 
 
-def _torchrun(n: int, config: str | None, overrides: list[str], log: Path) -> int:
+def _torchrun(n: int, config: str | None, overrides: list[str], log: Path, what: str, run_dir: Path,
+              steps: int) -> int:
+    """One world size through torchrun; every 10 s the console says what runs, its step and ETA."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            "-m", "turbotrain", "train", *([config] if config else []), *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as f:
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    return run_logged(cmd, log, what, run_progress(run_dir, steps), env)
 
 
 def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
               repeats: int = 1) -> dict:
     """Each (strategy, world size) `repeats` times; a row holds the median run and the spread. Repeats go in
     rounds over the world sizes (1, 2, 1, 2, ...), so a machine that drifts during the call moves every world
-    size alike instead of one efficiency (a 2xH200 ran its first job 14 % slow, 2026-11-22)."""
+    size alike instead of one efficiency (a call's first job can run slow: benchmarks/NOTES.md)."""
     cfg = load_config(config, overrides)  # validate once, before launching anything
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if on_gpu and max(gpus) > torch.cuda.device_count():
@@ -52,11 +52,13 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
                     continue
                 unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
                 name = f"{cfg.run.name}-scale-{strategy}-{n}" + (f"-r{r}" if repeats > 1 else "")
-                extra = [f"parallel.strategy={strategy}", f"run.name={name}", "checkpoint.every=0"]
+                extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0"]
                 if not on_gpu:
                     extra.append("run.device=\"cpu\"")
-                say(f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
-                rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log")
+                what = f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
+                say(what)
+                rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log", what,
+                               Path(cfg.run.out_dir) / name, cfg.train.steps)
                 if rc != 0:
                     errors[n] = f"exit {rc}: {_failure(out / f'{name}.log')}"
                     say(f"scale: {strategy} on {n} {unit} failed ({errors[n]}); log: {out / f'{name}.log'}")
@@ -69,7 +71,9 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
                 continue
             row = _row(strategy, n, done)
             base = row["samples_per_s_per_device"] if n == 1 else base
-            row["efficiency"] = row["samples_per_s_per_device"] / base if base else None
+            # CPU processes share the host's cores: their ratio is no efficiency, and the GPU targets do not apply
+            row["efficiency"] = row["samples_per_s_per_device"] / base if base and on_gpu else None
+            row["target"] = row["target"] if on_gpu else None
             row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
             rows.append(row)
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}

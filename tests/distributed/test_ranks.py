@@ -5,13 +5,13 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import userpkg_env
+
 TINY = ["model.args.n_layer=2", "model.args.n_embd=32", "model.args.n_head=2", "data.args.block_size=32",
         "precision.dtype=fp32", "model.args.dropout=0.0", "train.steps=6", "train.log_every=1"]
-HERE = Path(__file__).parent
 
 
 def run(tmp_path, nproc, *args, env=None):
@@ -90,8 +90,8 @@ def test_ddp_compiles_model_and_loss_as_one_graph(tmp_path):
 
 
 def test_straggler_is_named(tmp_path):
-    env = {"PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = run(tmp_path, 2, "mlp-seed", "model.name=\"slowpkg:build_model\"", "data.name=\"slowpkg:build_data\"",
+    env = userpkg_env()
+    r = run(tmp_path, 2, "mlp-seed", "model.name=\"userpkg.slow:build_model\"", "data.name=\"userpkg.slow:build_data\"",
             "parallel.strategy=ddp", "data.batch_size=4", "data.num_workers=0", "train.steps=12",
             "train.log_every=2", "precision.dtype=fp32", "run.name=slow", env=env)
     assert "straggler: rank 1" in r.stdout

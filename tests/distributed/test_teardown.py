@@ -12,7 +12,8 @@ SCRIPT = textwrap.dedent("""
     import os, gc, torch, torch.distributed as dist
     from torch import nn
     from turbotrain.distributed.ddp import apply_ddp, _LIVE
-    from turbotrain.distributed.env import ParallelConfig, shutdown
+    from turbotrain.distributed.env import shutdown
+    from turbotrain.distributed.parallel import ParallelConfig
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + os.environ["PORT"])
     model = apply_ddp(nn.Linear(8, 8), torch.device("cpu"), ParallelConfig())
     for _ in range(3):

@@ -12,8 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-FAULTS = Path(__file__).resolve().parent  # holds faultpkg/
-BASE_TOML = FAULTS / "faultpkg" / "base.toml"
+from tests.helpers import TESTS, USERPKG, userpkg_env
+
+FAULTS = TESTS  # the path entry that makes `userpkg` importable (old name: it held faultpkg/)
+BASE_TOML = USERPKG / "fault.toml"  # a sub-second run over userpkg.models:linear / userpkg.data:regression
 
 # The resume workload: gpt2-124m's wiring, 2 layers x 64 wide on synthetic tokens, dropout on so the RNG
 # state matters for bitwise resume; a step takes tens of ms on a CPU, so a kill lands mid-run.
@@ -32,8 +34,7 @@ def lit(path) -> str:
 
 
 def subprocess_env(**extra: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAULTS), env.get("PYTHONPATH")) if p)
+    env = userpkg_env()
     env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
     env.update(extra)
     return env

@@ -1,10 +1,13 @@
 """Bad inputs and faults through `turbotrain train`: each is refused as a user error — exit 2 and exactly
-one stderr line starting `error:` that names the problem, no traceback — or, for a malicious checkpoint,
-refused without running its code.
+one stderr line starting `error:` that names the problem, no traceback, nothing trained — or, for a
+malicious checkpoint, refused without running its code.
 
-Most cases call `turbotrain.cli.main([...])` in-process (same code path as the CLI, without a ~3 s torch
-import per case); a few go through `python -m turbotrain` to hold the real process to the contract.
-User code lives in tests/faults/faultpkg (on sys.path / PYTHONPATH for these runs).
+THE table of bad configs and inputs is CASES below (config parsing, user code, devices, training numbers, run
+dirs, checkpoint settings): add new bad-config cases there, not in another file. They call
+`turbotrain.cli.main(["train", ...])` in-process (same code path as the CLI, without a ~3 s torch import per
+case); a few go through `python -m turbotrain` to hold the real process to the contract
+(test_cli_process_exit_2_one_error_line).
+User code lives in tests/userpkg (tests/ on sys.path / PYTHONPATH: see tests/userpkg/__init__.py).
 """
 from __future__ import annotations
 
@@ -15,19 +18,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.faults.common import (BASE_TOML, FAULTS, checkpoint_steps, ckpt_dir, error_line, flip_bytes,
-                                 lit, plant_payload, report, reseal, run_cli, train_argv)
+from tests.faults.common import (
+    BASE_TOML,
+    checkpoint_steps,
+    ckpt_dir,
+    error_line,
+    flip_bytes,
+    lit,
+    plant_payload,
+    report,
+    reseal,
+    run_cli,
+    train_argv,
+)
 from tests.helpers import TINY_GPT
 from turbotrain.checkpoint import Checkpointer
 from turbotrain.cli import main
 
 BASE = str(BASE_TOML)
 GPT = ["gpt2-124m", *TINY_GPT, 'run.device="cpu"', "train.log_every=1", "run.name=gpt"]
-
-
-@pytest.fixture(autouse=True)
-def _faultpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAULTS))
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +60,13 @@ def run_main(capsys, argv: list[str]) -> tuple[int, str, str]:
 # Each case: argv after `train` ({tmp} = tmp_path; BASE cases get run.out_dir={tmp}/runs), the substrings
 # the error line must hold, and optionally a `prepare(tmp_path)` that builds files first.
 
+MALFORMED = '[train]\nsteps = = 3\n[run\n'
+
+
+def _malformed_toml(tmp: Path) -> None:
+    (tmp / "broken.toml").write_text(MALFORMED)
+
+
 def _file_in_the_way(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory")
 
@@ -72,25 +88,43 @@ def case(case_id: str, argv: list[str], expect: list[str], prepare=None, marks=(
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 
 CASES = [
+    # ------------------------------------------------ config files and KEY=VALUE overrides
+    case("override-unknown-key", [BASE, "train.foo=1"], ["unknown key train.foo; valid keys in [train]: steps"]),
+    case("override-unknown-section", [BASE, "nope.x=1"], ["unknown section [nope]"]),
+    case("override-without-equals", [BASE, "train.steps"], ["train.steps", "expected SECTION.KEY=VALUE"]),
+    case("override-bad-choice", [BASE, "precision.dtype=bf17"],
+         ['precision.dtype = "bf17": expected one of "fp32", "tf32", "bf16", "fp16", "auto"']),
+    case("override-not-an-integer", [BASE, 'train.steps="ten"'], ['train.steps = "ten": expected an integer']),
+    case("override-not-a-number", [BASE, "train.lr=true"], ["train.lr = true: expected a number"]),
+    case("config-file-missing", ["{tmp}/nope.toml"], ["nope.toml", "not found"]),
+    case("config-file-malformed", ["{tmp}/broken.toml"], ["broken.toml", "malformed"], _malformed_toml),
+    case("preset-unknown", ["no-such-preset"], ["no-such-preset", "mlp-seed"]),
+    case("compile-scope-invalid", [BASE, "compile.scope=layer"], ["compile.scope"]),
+    case("num-workers-negative", [BASE, "data.num_workers=-1"], ["data.num_workers = -1"]),
+    case("gpt-heads-mismatch", ["gpt2-124m", "model.args.n_embd=32", "model.args.n_head=3", "data.args.size=64",
+                                "data.args.seq_len=32", "model.args.block_size=32"], ["model.args.n_embd", "n_head"]),
+    case("resnet-depth", ["resnet50-synthetic", "model.args.depth=18", "data.args.size=8", "data.batch_size=4",
+                          "data.args.shape=[3,32,32]"], ["model.args.depth = 18", "50"]),
+    case("ddp-without-torchrun", ["mlp-seed", "parallel.strategy=ddp", 'run.device="cpu"'], ["torchrun", "RANK"]),
     # ------------------------------------------------ user code: model
-    case("model-module-not-found", [BASE, 'model.name="faultpkg.nosuchmodule:build"'],
-         ["model.name", "faultpkg.nosuchmodule", "PYTHONPATH"]),
-    case("model-module-import-fails", [BASE, 'model.name="faultpkg.broken:build"'],
-         ["model.name", "cannot import", "faultpkg_dependency_that_is_not_installed"]),
+    case("model-module-not-found", [BASE, 'model.name="userpkg.nosuchmodule:build"'],
+         ["model.name", "userpkg.nosuchmodule", "PYTHONPATH"]),
+    case("model-module-import-fails", [BASE, 'model.name="userpkg.broken:build"'],
+         ["model.name", "cannot import", "userpkg_dependency_that_is_not_installed"]),
     case("model-package-not-found", [BASE, 'model.name="nosuchpkg_xyz.models:build"'], ["model.name", "nosuchpkg_xyz"]),
-    case("model-factory-missing-attr", [BASE, 'model.name="faultpkg.models:nope"'], ["model.name", "nope"]),
-    case("model-factory-not-callable", [BASE, 'model.name="faultpkg.models:CONSTANT"'], ["model.name", "not callable"]),
-    case("model-spec-without-attr", [BASE, 'model.name="faultpkg.models:"'], ["model.name", "pkg.module:name"]),
-    case("model-factory-returns-int", [BASE, 'model.name="faultpkg.models:returns_int"'],
+    case("model-factory-missing-attr", [BASE, 'model.name="userpkg.models:nope"'], ["model.name", "nope"]),
+    case("model-factory-not-callable", [BASE, 'model.name="userpkg.models:CONSTANT"'], ["model.name", "not callable"]),
+    case("model-spec-without-attr", [BASE, 'model.name="userpkg.models:"'], ["model.name", "pkg.module:name"]),
+    case("model-factory-returns-int", [BASE, 'model.name="userpkg.models:returns_int"'],
          ["model.name", "int", "nn.Module"]),
     case("model-factory-unexpected-kwarg", [BASE, "model.args.bogus=1"], ["model.args", "bogus"]),
-    case("model-factory-missing-kwarg", [BASE, 'model.name="faultpkg.models:needs_width"'], ["model.args", "width"]),
+    case("model-factory-missing-kwarg", [BASE, 'model.name="userpkg.models:needs_width"'], ["model.args", "width"]),
     case("model-unknown-builtin", [BASE, 'model.name="transformer"'], ["model.name", "transformer"]),
     # ------------------------------------------------ user code: data and loss
     case("data-unknown-name", [BASE, 'data.name="nosuchdata"'], ["data.name", "nosuchdata"]),
-    case("data-factory-returns-none", [BASE, 'data.name="faultpkg.data:returns_none"'],
+    case("data-factory-returns-none", [BASE, 'data.name="userpkg.data:returns_none"'],
          ["data.name", "NoneType", "Dataset"]),
-    case("data-factory-returns-iterable", [BASE, 'data.name="faultpkg.data:iterable"'], ["data.name", "map-style"]),
+    case("data-factory-returns-iterable", [BASE, 'data.name="userpkg.data:iterable"'], ["data.name", "map-style"]),
     case("data-factory-unknown-kwarg", [BASE, "data.args.bogus=1"], ["data.args", "bogus"]),
     case("data-builtin-unknown-kwarg", [*GPT, "data.args.no_such_arg=1"], ["data.args", "no_such_arg"]),
     case("dataset-smaller-than-global-batch", [BASE, "data.args.n=4"],
@@ -98,16 +132,16 @@ CASES = [
     case("dataset-smaller-than-accumulated-batch", [BASE, "data.args.n=12", "train.grad_accum=2"],
          ["12 samples", "global batch of 16", "grad_accum 2"]),
     case("dataset-empty", [BASE, "data.args.n=0"], ["0 samples"]),
-    case("loss-function-missing", [BASE, 'train.loss="faultpkg.models:nope_loss"'], ["train.loss", "nope_loss"]),
-    case("loss-module-missing", [BASE, 'train.loss="faultpkg.nolosses:l1"'], ["train.loss", "faultpkg.nolosses"]),
-    case("loss-not-callable", [BASE, 'train.loss="faultpkg.models:CONSTANT"'], ["train.loss", "not callable"]),
+    case("loss-function-missing", [BASE, 'train.loss="userpkg.models:nope_loss"'], ["train.loss", "nope_loss"]),
+    case("loss-module-missing", [BASE, 'train.loss="userpkg.nolosses:l1"'], ["train.loss", "userpkg.nolosses"]),
+    case("loss-not-callable", [BASE, 'train.loss="userpkg.models:CONSTANT"'], ["train.loss", "not callable"]),
     case("loss-unknown-name", [BASE, 'train.loss="hinge"'], ["train.loss", "hinge"]),
     # ------------------------------------------------ devices and techniques
     case("device-cuda-without-cuda", [BASE, 'run.device="cuda"'], ["run.device", "CUDA is not available"],
          marks=NO_CUDA),
     case("device-cuda7", [BASE, 'run.device="cuda:7"'], ["run.device", "cuda:7"],
          marks=pytest.mark.skipif(torch.cuda.device_count() > 7, reason="8 GPUs here")),
-    case("device-unknown", [BASE, 'run.device="tpu"'], ["run.device", "tpu"]),
+    case("device-unknown", [BASE, 'run.device="tpu"'], ["run.device", "tpu"]),  # bare run.device=tpu alike
     case("compile-mode-invalid", [BASE, 'compile.mode="fastest"'], ["compile.mode", "fastest", "max-autotune"]),
     case("precision-dtype-invalid", [BASE, 'precision.dtype="fp8"'], ["precision.dtype", "fp8"]),
     case("act-ckpt-without-blocks", [BASE, 'memory.activation_checkpointing="full"'],
@@ -118,12 +152,13 @@ CASES = [
     case("lr-negative", [BASE, "train.lr=-0.001"], ["train.lr", "-0.001"]),
     case("lr-zero", [BASE, "train.lr=0"], ["train.lr"]),
     case("steps-zero", [BASE, "train.steps=0"], ["train.steps", "0"]),
+    case("steps-negative", [BASE, "train.steps=-5"], ["train.steps", "-5"]),
     case("log-every-zero", [BASE, "train.log_every=0"], ["train.log_every"]),
-    case("grad-accum-zero", [BASE, "train.grad_accum=0"], ["train.grad_accum"]),
+    case("grad-accum-zero", [BASE, "train.grad_accum=0"], ["train.grad_accum = 0: must be >= 1"]),
     case("max-bad-steps-zero", [BASE, "train.max_bad_steps=0"], ["train.max_bad_steps"]),
-    case("batch-size-zero", [BASE, "data.batch_size=0"], ["data.batch_size"]),
+    case("batch-size-zero", [BASE, "data.batch_size=0"], ["data.batch_size = 0: must be >= 1"]),
     case("grad-clip-negative", [BASE, "train.grad_clip=-1.0"], ["train.grad_clip"]),
-    case("nan-from-start", [BASE, 'model.name="faultpkg.models:nan_from_start"'], ["NaN", "step 3"]),
+    case("nan-from-start", [BASE, 'model.name="userpkg.models:nan_from_start"'], ["NaN", "step 3"]),
     # ------------------------------------------------ run dir
     case("out-dir-under-a-file", [BASE, "run.out_dir={tmp}/afile/runs"], ["run.out_dir", "afile"], _file_in_the_way),
     case("run-name-with-slash", [BASE, 'run.name="a/b"'], ["run.name", "a/b"]),
@@ -141,12 +176,21 @@ CASES = [
 ]
 
 
+def _fill(arg: str, tmp: Path) -> str:
+    """{tmp} -> tmp_path: in a KEY=VALUE override as a TOML literal string, in a config path as is."""
+    if "{tmp}" not in arg:
+        return arg
+    if "=" in arg:
+        key, value = arg.split("=", 1)
+        return f"{key}={lit(value.replace('{tmp}', str(tmp)))}"
+    return arg.replace("{tmp}", str(tmp))
+
+
 @pytest.mark.parametrize("argv, expect, prepare", CASES)
 def test_bad_input_is_a_user_error(tmp_path, capsys, argv, expect, prepare):
     if prepare:
         prepare(tmp_path)
-    argv = [a if "{tmp}" not in a else a.split("=", 1)[0] + "=" + lit(a.split("=", 1)[1].replace("{tmp}", str(tmp_path)))
-            for a in argv]
+    argv = [_fill(a, tmp_path) for a in argv]
     if not any(a.startswith("run.out_dir=") for a in argv):
         argv.append(f"run.out_dir={lit(tmp_path / 'runs')}")
     rc, out, err = run_main(capsys, argv)
@@ -172,7 +216,7 @@ def test_world_size_mismatch_is_a_user_error(tmp_path, capsys, monkeypatch):
 def test_nan_midway_stops_with_exit_2_and_keeps_earlier_checkpoints(tmp_path, capsys):
     """A model that turns NaN after a few steps: exit 2 naming NaN; the checkpoints written while the loss
     was finite remain and verify."""
-    rc, out, err = run_main(capsys, [BASE, f"run.out_dir={lit(tmp_path)}", 'model.name="faultpkg.models:nan_after"',
+    rc, out, err = run_main(capsys, [BASE, f"run.out_dir={lit(tmp_path)}", 'model.name="userpkg.models:nan_after"',
                                      "model.args.after=6", "train.steps=20", "checkpoint.every=2",
                                      "checkpoint.keep=20"])
     assert rc == 2, err
@@ -191,7 +235,7 @@ def test_nan_midway_stops_with_exit_2_and_keeps_earlier_checkpoints(tmp_path, ca
 
 
 def test_nan_stop_leaves_no_poisoned_checkpoint(tmp_path, capsys):
-    rc, out, err = run_main(capsys, [BASE, f"run.out_dir={lit(tmp_path)}", 'model.name="faultpkg.models:nan_after"',
+    rc, out, err = run_main(capsys, [BASE, f"run.out_dir={lit(tmp_path)}", 'model.name="userpkg.models:nan_after"',
                                      "model.args.after=6", "train.steps=20", "checkpoint.every=2",
                                      "checkpoint.keep=20"])
     assert rc == 2
@@ -303,10 +347,11 @@ def test_pickle_payload_in_checkpoint_does_not_run_cli(tmp_path, gpt_checkpoints
 # ---------------------------------------------------------------- the real process
 
 @pytest.mark.parametrize("argv, env, expect", [
-    ([BASE, 'model.name="faultpkg.models:nan_from_start"'], {}, ["NaN"]),
+    ([BASE, "train.foo=1"], {}, ["unknown key train.foo"]),
+    ([BASE, 'model.name="userpkg.models:nan_from_start"'], {}, ["NaN"]),
     ([BASE, 'parallel.strategy="none"'], {"WORLD_SIZE": "2"}, ["parallel.strategy", "WORLD_SIZE=2"]),
-    ([BASE, 'data.name="faultpkg.data:returns_none"'], {}, ["data.name", "Dataset"]),
-], ids=["nan", "world-size-mismatch", "not-a-dataset"])
+    ([BASE, 'data.name="userpkg.data:returns_none"'], {}, ["data.name", "Dataset"]),
+], ids=["unknown-key", "nan", "world-size-mismatch", "not-a-dataset"])
 def test_cli_process_exit_2_one_error_line(tmp_path, argv, env, expect):
     r = run_cli(train_argv(*argv, f"run.out_dir={lit(tmp_path)}"), cwd=tmp_path, **env)
     assert r.returncode == 2, report(r)

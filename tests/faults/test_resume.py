@@ -18,9 +18,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.common import (BASE_TOML, FAULTS, RESUME_EVERY, RESUME_GPT, RESUME_STEPS, ckpt_dir,
-                                 checkpoint_steps, flip_bytes, lit, loss_rows, report, resumed_step, rows, run_cli,
-                                 stop_tree, subprocess_env, train_argv, wait_for, worker_pids)
+from tests.faults.common import (
+    BASE_TOML,
+    RESUME_EVERY,
+    RESUME_GPT,
+    RESUME_STEPS,
+    checkpoint_steps,
+    ckpt_dir,
+    flip_bytes,
+    lit,
+    loss_rows,
+    report,
+    resumed_step,
+    rows,
+    run_cli,
+    stop_tree,
+    subprocess_env,
+    train_argv,
+    wait_for,
+    worker_pids,
+)
 from turbotrain.checkpoint import Checkpointer
 from turbotrain.cli import main
 
@@ -211,10 +228,9 @@ def test_resume_never_starts_fresh(tmp_path, reference, capsys):
     assert loss_rows(run_dir) == reference["losses"][:10]  # from step 1, metrics not appended to
 
 
-def test_resume_never_keeps_its_own_checkpoints(tmp_path, capsys, monkeypatch):
+def test_resume_never_keeps_its_own_checkpoints(tmp_path, capsys):
     """An old run reached step 40; a fresh run (resume=never) of 20 steps must end with its own final
     checkpoint as the newest one, or a later auto-resume continues the OLD run."""
-    monkeypatch.syspath_prepend(str(FAULTS))
     common = [str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "checkpoint.every=5"]
     assert main(["train", *common, "train.steps=40"]) == 0
     assert main(["train", *common, "train.steps=20", 'checkpoint.resume="never"']) == 0

@@ -29,7 +29,7 @@ def test_default_preset_report_and_trace(tmp_path):
 
 
 def test_slow_items_without_workers_are_data_bound(tmp_path):
-    report = _profile(tmp_path, 'model.name="tests.planted:small_model"', 'data.name="tests.planted:slow_data"',
+    report = _profile(tmp_path, 'model.name="userpkg.planted:small_model"', 'data.name="userpkg.planted:slow_data"',
                       "data.num_workers=0", "data.batch_size=16")
     assert report["verdict"] == "data-bound"
     assert report["breakdown_share"]["data_wait"] > 0.5
@@ -37,7 +37,7 @@ def test_slow_items_without_workers_are_data_bound(tmp_path):
 
 
 def test_in_memory_data_with_heavy_model_is_not_data_bound(tmp_path):
-    report = _profile(tmp_path, 'model.name="tests.planted:heavy_model"', "data.args.in_features=32",
+    report = _profile(tmp_path, 'model.name="userpkg.planted:heavy_model"', "data.args.in_features=32",
                       "data.args.num_classes=4", "data.batch_size=256")
     assert report["verdict"] != "data-bound"
     assert report["breakdown_share"]["forward"] + report["breakdown_share"]["backward"] > 0.5
@@ -45,7 +45,7 @@ def test_in_memory_data_with_heavy_model_is_not_data_bound(tmp_path):
 
 @pytest.mark.gpu
 def test_tiny_model_on_gpu_is_launch_bound(tmp_path):
-    report = _profile(tmp_path, 'model.name="tests.planted:small_model"', "data.args.in_features=32",
+    report = _profile(tmp_path, 'model.name="userpkg.planted:small_model"', "data.args.in_features=32",
                       "data.args.num_classes=4", "data.batch_size=8", "run.device=\"cuda\"")
     assert report["verdict"] == "host/launch-bound"
     assert "compile.mode=reduce-overhead" in report["recommendations"][0]["set"]

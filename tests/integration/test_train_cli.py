@@ -31,7 +31,8 @@ def test_default_preset_learns_within_60_steps(tmp_path):
     first, last = metrics[0]["loss"], sum(m["loss"] for m in metrics[-5:]) / 5
     assert last < 0.7 * first, (first, last)
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("final_loss", "val_loss", "tokens_per_s", "samples_per_s", "mfu", "peak_mem_gib", "compile_s", "wall_s"):
+    for key in ("final_loss", "val_loss", "tokens_per_s", "samples_per_s", "mfu", "peak_mem_gib", "compile_s",
+                "wall_s"):
         assert key in summary
     assert summary["val_loss"] < first
     assert "step 60/60" in r.stdout

@@ -1,4 +1,4 @@
-"""Black-box: user code that lives outside turbotrain (tests/integration/userpkg) trains through the CLI
+"""Black-box: user code that lives outside turbotrain (tests/userpkg) trains through the CLI
 and through the Python API — `pkg.module:factory` models and datasets, a `pkg.module:fn` loss, a model
 that returns its own loss — and the run directory holds what the contract promises."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent  # holds userpkg/
-USERPKG = HERE / "userpkg"
+from tests.helpers import USERPKG, userpkg_env
+
 STEPS = 40
 ROW_KEYS = ("step", "loss", "lr", "samples_per_s", "step_ms", "data_wait_pct", "mfu", "peak_mem_gib")
 
@@ -23,8 +23,7 @@ def out_dir(tmp_path: Path) -> str:
 
 
 def run_cli(toml: Path, tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    env = userpkg_env()
     argv = [sys.executable, "-m", "turbotrain", "train", str(toml), out_dir(tmp_path), f"train.steps={STEPS}",
             "train.log_every=1", "precision.dtype=fp32", *overrides]
     return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -79,8 +78,8 @@ def test_cli_user_loss_function(tmp_path):
 def test_cli_user_code_not_on_path_is_a_user_error(tmp_path):
     """Without userpkg on PYTHONPATH the CLI says so in one line, no traceback."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-m", "turbotrain", "train", str(USERPKG / "regression.toml"), out_dir(tmp_path)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "turbotrain", "train", str(USERPKG / "regression.toml"),
+                        out_dir(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and "userpkg" in lines[0], r.stderr
@@ -89,8 +88,7 @@ def test_cli_user_code_not_on_path_is_a_user_error(tmp_path):
 # ---------------------------------------------------------------- through the Python API
 
 @pytest.fixture
-def api(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
+def api():
     from turbotrain import load_config, train
 
     return load_config, train

@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.errors import UserError
 from turbotrain.models.gpt import build as build_gpt
-from turbotrain.trainer import cross_entropy
+from turbotrain.losses import cross_entropy
 
 
 def _run(mode):

@@ -1,7 +1,7 @@
 import torch
 
 from turbotrain.accel.memory_format import apply_channels_last, resolve_channels_last
-from turbotrain.data.datasets import Pairs, TokenWindows, synthetic
+from turbotrain.data.datasets import Pairs, TokenWindows
 from turbotrain.data.loader import Batches, StepSampler
 from turbotrain.models.cnn import build as build_cnn
 
@@ -14,17 +14,6 @@ def test_token_windows_shift_by_one():
     assert x.dtype == torch.int64 and x.shape == (2, 10)
     assert torch.equal(x[1], torch.arange(30, 40)) and torch.equal(y[1], torch.arange(31, 41))
     assert len(ds) == 9
-
-
-def test_device_resident_and_dataloader_paths_feed_the_same_batches():
-    ds = synthetic("train", kind="images", size=64, shape=(3, 8, 8), num_classes=5)
-    resident = Batches(ds, StepSampler(64, 8, 2, seed=0), CPU, resident=True)
-    loader = Batches(ds, StepSampler(64, 8, 2, seed=0), CPU, resident=False,
-                     settings=dict(num_workers=1, pin_memory=False, prefetch_factor=2, persistent_workers=False))
-    for _ in range(10):
-        (xa, ya), (xb, yb) = next(resident), next(loader)
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    assert loader.wait_s > 0
 
 
 def test_user_style_dataset_goes_through_the_dataloader():

@@ -8,16 +8,26 @@ Results are unchanged either way (tested); only backward FLOPs and memory move.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from turbotrain.accel.compile import find_blocks
+from turbotrain.models.structure import find_blocks
 from turbotrain.errors import UserError
 
-ActCkpt = Literal["none", "full", "selective"]
+
+
+@dataclass
+class MemoryConfig:
+    """The `[memory]` section: activation checkpointing (here) and channels_last (accel/memory_format.py)."""
+
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute block activations in backward: less memory, more compute; results unchanged."""
+    channels_last: bool | Literal["auto"] = "auto"
+    """NHWC layout for convnets ("auto": on for models with Conv2d on a GPU)."""
 
 _aten = torch.ops.aten
 _SAVE_OPS = {
@@ -45,7 +55,7 @@ def _checkpointed(forward, mode: str, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: ActCkpt) -> int:
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
     """Wrap each repeated block's forward (instance attribute, so state_dict keys stay unchanged).
     Returns the number of blocks wrapped. Usage: `apply_activation_checkpointing(model, "full")`."""
     if mode == "none":

@@ -9,13 +9,21 @@ trainer holds this context for the whole run.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from turbotrain.monitor.log import say
+from turbotrain.log import say
 
-Attention = Literal["auto", "default", "cudnn", "flash", "efficient", "math"]
+
+
+@dataclass
+class KernelsConfig:
+    """The `[kernels]` section."""
+
+    attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math"] = "default"
+    """SDPA backend tried first ("auto": cuDNN on Hopper, torch's order elsewhere; a preference, not a restriction)."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:

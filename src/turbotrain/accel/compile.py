@@ -7,47 +7,50 @@ step eagerly, printing the reason once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-from turbotrain.monitor.log import say
+from turbotrain.log import say
+from turbotrain.models.structure import find_blocks
 
 Mode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 @dataclass
 class CompileConfig:
+    """The `[compile]` section."""
+
     enabled: bool = False
+    """torch.compile the model (compile time is measured apart; a compiler error falls back to eager)."""
     mode: Mode = "default"
+    """Inductor mode; "reduce-overhead" adds CUDA graphs (one process only: they cannot hold DDP/FSDP collectives)."""
     scope: Literal["model", "blocks"] = "model"
+    """"model": one graph with the loss fused to the head; "blocks": each repeated block alone (regional compile)."""
     fullgraph: bool = False
-    backend: str = "inductor"  # any torch.compile backend ("aot_eager" to debug a compile problem)
-    coordinate_descent_tuning: bool = False  # inductor tunes pointwise/reduction launch configs (slower compile)
+    """Fail instead of breaking the graph."""
+    backend: str = "inductor"
+    """Any torch.compile backend ("aot_eager" to debug a compile problem)."""
+    coordinate_descent_tuning: bool = False
+    """Inductor tunes pointwise/reduction launch configs (slower compile)."""
 
+    def __post_init__(self) -> None:
+        if self.backend == "inductor":
+            return
+        import difflib
 
-class WithLoss(nn.Module):
-    """model + loss as one module, so `scope="model"` compiles the loss into the same graph as the head
-    (no fp32 logits round trip through memory)."""
+        from torch._dynamo import list_backends  # the live registry: backends registered at run time count
 
-    def __init__(self, model: nn.Module, loss_fn: Callable | None):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
+        from turbotrain.errors import UserError
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.loss_fn is None:
-            return self.model(x, y)
-        return self.loss_fn(self.model(x), y)
-
-
-def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
-    """The repeated blocks of a model: `model.blocks` if present, else its longest ModuleList/Sequential."""
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, (nn.ModuleList, nn.Sequential)):
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) > 1]
-    return max(lists, key=len, default=None)
+        known = list_backends(exclude_tags=())
+        if self.backend not in known:
+            close = difflib.get_close_matches(self.backend, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            shown = [b for b in known if "TESTING" not in b]
+            raise UserError(f"compile.backend = {self.backend!r}: not a registered torch.compile backend; {hint}"
+                            f"available: {', '.join(shown)}")
 
 
 def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | None = None) -> list[nn.Module]:

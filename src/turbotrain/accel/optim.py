@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from turbotrain.monitor.log import say
+from turbotrain.log import say
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
@@ -27,7 +27,10 @@ def build_optimizer(
     model: nn.Module, name: str, lr: float, weight_decay: float, device: torch.device, impl: str = "auto"
 ) -> torch.optim.Optimizer:
     """`build_optimizer(model, "adamw", 3e-4, 0.1, device)`. impl "auto" takes the fused kernel where the
-    optimizer and device support it (one launch for all parameters), else foreach; says which."""
+    optimizer and device support it (one launch for all parameters), else foreach; says which. A
+    "pkg.module:factory" name builds the user's optimizer: factory(param_groups, lr=lr, weight_decay=wd)."""
+    if ":" in name:
+        return _user_optimizer(model, name, lr, weight_decay)
     cls = OPTIMIZERS[name]
     kwargs: dict = {"lr": lr}
     if name == "sgd":
@@ -51,19 +54,32 @@ def build_optimizer(
     return opt
 
 
+def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    from turbotrain.errors import UserError
+    from turbotrain.plugins import call_factory, load_object
+
+    opt = call_factory(load_object(spec, "train.optimizer"), "train.optimizer", _param_groups(model, weight_decay),
+                       lr=lr, weight_decay=weight_decay)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise UserError(f"train.optimizer = {spec!r}: the factory returned {type(opt).__name__}, not a "
+                        "torch.optim.Optimizer")
+    say(f"optimizer: {type(opt).__name__} from {spec}, lr {lr:g}, weight decay {weight_decay:g}")
+    return opt
+
+
 @torch.no_grad()  # DTensor.to_local with grad mode on goes through autograd: 30x slower
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
     """L2 norm of all gradients, and clipping to `max_norm` (inf: only the norm), as torch's
     `clip_grad_norm_(foreach=True)` but on plain tensors: FSDP2's gradients are DTensors, and each DTensor op
-    pays a sharding dispatch per tensor (2× the host time of the whole clip on GPT-2's 148 parameters). The
+    pays a sharding dispatch per tensor (host time; see benchmarks/NOTES.md, session 3). The
     squared norms of the local shards are summed over the ranks by one all-reduce, queued on the device
     (no host sync). Returns the total norm as a 0-d device tensor."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    # no dtype argument, as torch's own clip: with `dtype=torch.float32` here a DDP step of GPT-2 124M ran
-    # 3.6 % slower than unclipped, torch's clip 0.5 % (one H200, torch 2.11); norms are summed in fp32
+    # no dtype argument, as torch's own clip: asking for fp32 norms here cost a DDP step several times what
+    # torch's clip costs (benchmarks/NOTES.md, session 4); the norms are summed in fp32 below
     total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
     sharded = [g for g in grads if isinstance(g, DTensor)]
     if sharded:  # FSDP2: every gradient is a 1-D-mesh Shard(0) DTensor; the shards' squares add up

@@ -10,27 +10,26 @@ from typing import Literal
 
 import torch
 
-from turbotrain.monitor.log import say
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "auto"]
 
 
 @dataclass
 class PrecisionConfig:
+    """The `[precision]` section."""
+
     dtype: Dtype = "auto"
+    """Autocast dtype: "auto" (bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU) | fp32 | tf32 | bf16 | fp16 (with loss scaling)."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     """Turn "auto" into a concrete choice: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU
-    (CPU autocast to bf16 is slower than fp32 on most CPUs)."""
-    if name != "auto":
-        if device.type == "cuda" and name == "bf16" and not torch.cuda.is_bf16_supported():
-            say("precision: bf16 is not supported on this GPU; using fp16 with loss scaling instead")
-            return "fp16"
-        return name
-    if device.type == "cuda":
+    (CPU autocast to bf16 is slower than fp32 on most CPUs); bf16 asked on a GPU without it becomes fp16."""
+    if device.type == "cuda" and name in ("auto", "bf16"):
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
+    if name == "auto":
+        return "fp32"
+    return name
 
 
 def autocast_dtype(name: str) -> torch.dtype | None:

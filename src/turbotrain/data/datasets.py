@@ -7,14 +7,18 @@ memory (`data.device_resident`), so feeding a step costs one index op and no hos
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from turbotrain.data.fetch import fetch, read_idx
+from turbotrain.contract import choice_arg, float_arg, int_arg
+from turbotrain.data.fetch import checksums, fetch, file_sha256, read_idx, record_checksums, write_atomic
 from turbotrain.errors import UserError
+from turbotrain.log import say
 
 
 class TensorDataset(Dataset):
@@ -91,32 +95,64 @@ class TokenWindows(TensorDataset):
         return self.tokens.nbytes
 
 
+def _tokenize(text: bytes, kind: str) -> tuple[np.ndarray, list[int]]:
+    """Char-level: ids into the sorted characters present; byte-level: the bytes themselves (vocab 256)."""
+    raw = np.frombuffer(text, dtype=np.uint8)
+    if kind == "byte":
+        return raw.copy(), list(range(256))
+    vocab = np.flatnonzero(np.bincount(raw, minlength=256))
+    table = np.zeros(256, dtype=np.uint8)
+    table[vocab] = np.arange(len(vocab), dtype=np.uint8)
+    return table[raw], vocab.tolist()
+
+
+def _shakespeare_tokens(root: Path, kind: str) -> tuple[np.ndarray, int]:
+    """The token ids (memory-mapped when the cached file verifies) and the vocabulary size.
+
+    `{kind}.bin` / `{kind}.json` are derived from the verified shakespeare.txt and checked against the
+    checksums in meta.json; missing, corrupt or unrecorded (a cache from before checksums) files are
+    derived again (~0.1 s) and recorded; a read-only cache gets them in memory for this run."""
+    names = (f"{kind}.bin", f"{kind}.json")
+    sums = checksums(root)
+    if all(sums.get(n) and (root / n).is_file() for n in names):
+        bad = [n for n in names if file_sha256(root / n) != sums[n]]
+        if not bad:
+            vocab = json.loads((root / names[1]).read_text())["vocab"]
+            return np.memmap(root / names[0], dtype=np.uint8, mode="r"), len(vocab)
+        say(f"warning: data shakespeare: {root / bad[0]} does not match its recorded sha256; tokenising again "
+            f"from the verified shakespeare.txt")
+    ids, vocab = _tokenize((root / "shakespeare.txt").read_bytes(), kind)
+    meta = json.dumps({"vocab": [chr(c) for c in vocab], "tokens": int(len(ids))}).encode()
+    try:
+        write_atomic(root / names[0], ids.tobytes())
+        write_atomic(root / names[1], meta)
+        written = record_checksums(root, {names[0]: hashlib.sha256(ids.tobytes()).hexdigest(),
+                                          names[1]: hashlib.sha256(meta).hexdigest()})
+    except OSError:
+        written = False
+    if not written and not all((root / n).is_file() for n in names):
+        say(f"data shakespeare: the cache {root} is not writable; tokenised in memory for this run")
+    return ids, len(vocab)
+
+
 def shakespeare(split: str, block_size: int = 256, tokens: str = "char", val_fraction: float = 0.1,
                 stride: int | None = None) -> TokenWindows:
     """Shakespeare's works as char- (vocab of the characters present) or byte-level (vocab 256) tokens,
     memory-mapped uint8; the last `val_fraction` of the text is the validation split."""
+    int_arg("data.args.block_size", block_size, 1)
+    float_arg("data.args.val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+    if stride is not None:
+        int_arg("data.args.stride", stride, 1)
     if tokens not in ("char", "byte"):
         raise UserError(f"data.args.tokens = {tokens!r}: expected 'char' or 'byte'")
     root = fetch("shakespeare")
-    bin_path = root / f"{tokens}.bin"
-    meta_path = root / f"{tokens}.json"
-    if not bin_path.exists():  # tokenize once; later runs memory-map the file
-        text = (root / "shakespeare.txt").read_bytes()
-        if tokens == "char":
-            vocab = sorted(set(text))
-            table = np.zeros(256, dtype=np.uint8)
-            table[vocab] = np.arange(len(vocab), dtype=np.uint8)
-            ids = table[np.frombuffer(text, dtype=np.uint8)]
-        else:
-            vocab, ids = list(range(256)), np.frombuffer(text, dtype=np.uint8)
-        tmp = bin_path.with_suffix(".tmp")
-        ids.tofile(tmp)
-        tmp.replace(bin_path)
-        meta_path.write_text(json.dumps({"vocab": [chr(c) for c in vocab], "tokens": int(len(ids))}))
-    vocab_size = len(json.loads(meta_path.read_text())["vocab"])
-    data = np.memmap(bin_path, dtype=np.uint8, mode="r")
+    data, vocab_size = _shakespeare_tokens(root, tokens)
     cut = int(len(data) * (1 - val_fraction))
     part = data[:cut] if split == "train" else data[cut:]
+    if len(part) <= block_size + 1:
+        which = "train" if split == "train" else "validation"
+        raise UserError(f"data.args.block_size = {block_size}: the {which} split has only {len(part)} tokens "
+                        f"(data.args.val_fraction = {val_fraction}); lower block_size or adjust val_fraction")
     return TokenWindows(torch.from_numpy(np.array(part)), block_size, stride, vocab_size)
 
 
@@ -127,10 +163,15 @@ def fashion_mnist(split: str) -> Pairs:
     """Fashion-MNIST, normalized float images (N, 1, 28, 28) and int64 labels; split "val" is the test set."""
     root = fetch("fashion_mnist")
     prefix = "train" if split == "train" else "t10k"
-    images = torch.from_numpy(read_idx(root / f"{prefix}-images-idx3-ubyte.gz").copy())
-    labels = torch.from_numpy(read_idx(root / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
-    x = (images.float().div_(255).sub_(FASHION_MEAN).div_(FASHION_STD)).unsqueeze(1)
-    return Pairs(x, labels, num_classes=10, in_channels=1)
+    img_path, lab_path = root / f"{prefix}-images-idx3-ubyte.gz", root / f"{prefix}-labels-idx1-ubyte.gz"
+    images, labels = read_idx(img_path), read_idx(lab_path)
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1 or len(labels) != len(images) \
+            or (len(labels) and labels.max() >= 10):
+        raise UserError(f"data fashion_mnist: {img_path.name} {list(images.shape)} / {lab_path.name} "
+                        f"{list(labels.shape)} are not 28x28 images with labels 0-9; delete {root} and run "
+                        f"`turbotrain data fetch fashion_mnist`, or set TURBOTRAIN_CACHE to a folder holding a good copy")
+    x = (torch.from_numpy(images.copy()).float().div_(255).sub_(FASHION_MEAN).div_(FASHION_STD)).unsqueeze(1)
+    return Pairs(x, torch.from_numpy(labels.astype(np.int64)), num_classes=10, in_channels=1)
 
 
 def synthetic(split: str, kind: str = "tokens", size: int = 1024, seq_len: int = 1024, vocab_size: int = 50304,
@@ -138,6 +179,19 @@ def synthetic(split: str, kind: str = "tokens", size: int = 1024, seq_len: int =
               seed: int = 1234) -> TensorDataset:
     """Random data for throughput work (reports mark it synthetic): `size` distinct samples of
     tokens (LM windows), images (C, H, W) with labels, or vectors with labels."""
+    choice_arg("data.args.kind", kind, ("tokens", "images", "vectors"))
+    int_arg("data.args.size", size, 1)
+    int_arg("data.args.seed", seed, 0)
+    if kind == "tokens":
+        int_arg("data.args.seq_len", seq_len, 1)
+        int_arg("data.args.vocab_size", vocab_size, 1, 2**31 - 1)
+    else:
+        int_arg("data.args.num_classes", num_classes, 1)
+    if kind == "images" and (not isinstance(shape, (list, tuple)) or len(shape) != 3
+                             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)):
+        raise UserError(f"data.args.shape = {shape!r}: expected [channels, height, width], three integers >= 1")
+    if kind == "vectors":
+        int_arg("data.args.in_features", in_features, 1)
     g = torch.Generator().manual_seed(seed + (0 if split == "train" else 1))
     if kind == "tokens":
         toks = torch.randint(0, vocab_size, (size * seq_len + 1,), generator=g, dtype=torch.int32)
@@ -146,11 +200,9 @@ def synthetic(split: str, kind: str = "tokens", size: int = 1024, seq_len: int =
         x = torch.randn((size, *shape), generator=g)
         return Pairs(x, torch.randint(0, num_classes, (size,), generator=g), num_classes=num_classes,
                      in_channels=shape[0])
-    if kind == "vectors":
-        x = torch.randn((size, in_features), generator=g)
-        return Pairs(x, torch.randint(0, num_classes, (size,), generator=g), num_classes=num_classes,
-                     in_features=in_features)
-    raise UserError(f"data.args.kind = {kind!r}: expected 'tokens', 'images' or 'vectors'")
+    x = torch.randn((size, in_features), generator=g)
+    return Pairs(x, torch.randint(0, num_classes, (size,), generator=g), num_classes=num_classes,
+                 in_features=in_features)
 
 
 BUILTIN = {"shakespeare": shakespeare, "fashion_mnist": fashion_mnist, "synthetic": synthetic}

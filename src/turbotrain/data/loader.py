@@ -8,7 +8,7 @@ needs nothing but k.
 """
 from __future__ import annotations
 
-import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
@@ -25,15 +25,26 @@ Auto = Literal["auto"]
 
 @dataclass
 class DataConfig:
+    """The `[data]` section."""
+
     name: str = "shakespeare"
-    batch_size: int = 16  # per device, per micro-step
+    """"shakespeare" | "fashion_mnist" | "synthetic" | "pkg.module:factory" (build(split, **args) -> Dataset)."""
+    batch_size: int = 16
+    """Samples per device per micro-step."""
     num_workers: int | Auto = "auto"
+    """DataLoader worker processes ("auto": a core per worker, up to 8, one left to training)."""
     pin_memory: bool | Auto = "auto"
+    """Page-locked host batches for asynchronous copies ("auto": on a GPU)."""
     prefetch_factor: int | Auto = "auto"
+    """Batches each worker prepares ahead ("auto": 4)."""
     persistent_workers: bool | Auto = "auto"
+    """Keep workers alive across epochs ("auto": when there are workers)."""
     device_resident: bool | Auto = "auto"
+    """Keep an in-memory dataset on the device, no loader at all ("auto": built-in datasets up to 4 GiB)."""
     eval_batches: int = 20
+    """Global batches in the validation pass (0 = no evaluation)."""
     args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the data factory."""
 
     def __post_init__(self) -> None:
         if self.name not in BUILTIN and not is_import_spec(self.name):
@@ -102,28 +113,14 @@ class StepSampler:
             step += 1
 
 
-def resolve_loader_settings(cfg: DataConfig, device: torch.device, local_world: int = 1) -> dict:
-    workers = cfg.num_workers
-    if workers == "auto":  # leave a core to the training process; cap: past ~8 the IPC costs more
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = max(0, min(8, cpus // max(1, local_world) - 1))
-    pin = (device.type == "cuda") if cfg.pin_memory == "auto" else cfg.pin_memory
-    prefetch = (4 if workers else None) if cfg.prefetch_factor == "auto" else cfg.prefetch_factor
-    persistent = (workers > 0) if cfg.persistent_workers == "auto" else cfg.persistent_workers
-    return dict(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch if workers else None,
-                persistent_workers=bool(persistent and workers))
-
-
-def use_device_resident(cfg: DataConfig, ds: Dataset, limit_bytes: int = 4 << 30) -> bool:
-    if cfg.device_resident == "auto":
-        return isinstance(ds, TensorDataset) and ds.nbytes <= limit_bytes
-    if cfg.device_resident and not isinstance(ds, TensorDataset):
-        raise UserError("data.device_resident = true needs a built-in in-memory dataset; set it to \"auto\"")
-    return bool(cfg.device_resident)
-
-
 def _batch_collate(batch):  # TensorDataset.__getitems__ already returns a collated batch
     return batch
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """A terminal's Ctrl-C reaches the whole process group: workers ignore it, so the training process alone
+    handles the stop (finish the step, checkpoint, exit) instead of losing a worker mid-batch."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class Batches:
@@ -143,7 +140,8 @@ class Batches:
             self._it = self._resident_indices()
         else:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
-            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, **(settings or {}))
+            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_ignore_interrupts,
+                                     **(settings or {}))
             self._it = iter(self.loader)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not resident else None
         self._next = None

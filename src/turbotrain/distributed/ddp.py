@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from turbotrain.distributed.env import ParallelConfig
-from turbotrain.monitor.log import say
+from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.log import say
 
 
 def apply_ddp(model: nn.Module, device: torch.device, cfg: ParallelConfig) -> DDP:

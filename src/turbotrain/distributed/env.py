@@ -7,43 +7,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from turbotrain.errors import UserError
-
-Strategy = Literal["auto", "none", "ddp", "fsdp"]
-
-
-@dataclass
-class ParallelConfig:
-    strategy: Strategy = "auto"  # auto: ddp when WORLD_SIZE > 1, else none
-    # DDP gradient bucket size. Under compile, dynamo also splits the graph at each bucket: 100 MB (torch's 25)
-    # scaled GPT-2 124M 1->2 H200s at 96.5 % (25 MB: 94.0 %), the same per GPU as 250 MB (2026-11-22)
-    bucket_cap_mb: int = 100
-    static_graph: bool = False  # DDP: same graph every step (lets DDP skip unused-parameter search)
-    sync_batchnorm: bool = False  # DDP: BatchNorm statistics over the global batch
-    # FSDP2 units under the root: free a unit's gathered params after its forward (less memory, one more
-    # all-gather in backward); the last unit and the root (the whole model with fsdp_units="model") stay gathered
-    reshard_after_forward: bool = True
-    # FSDP2 units: "model" (one), "blocks" (one per block), N (N runs of consecutive blocks), each then the
-    # root; auto: per block once blocks reach 50M params, else one (GPT-2 124M on 2xH200: one unit fastest)
-    fsdp_units: Literal["auto", "blocks", "model"] | int = "auto"
-    straggler_ratio: float = 1.25  # warn when a rank's own time per step exceeds the others' median by this
-    # gradients reduced in bf16: half the bytes on the wire, ~3 significant digits (DDP: comm hook; FSDP2: reduce
-    # dtype). Measured on 2xH200, GPT-2 124M: FSDP2 +4 % per GPU; DDP 0.82x (the hook loses to native fp32 buckets)
-    grad_compression: Literal["none", "bf16"] = "none"
-
-    def __post_init__(self) -> None:
-        if self.bucket_cap_mb < 1:
-            raise UserError(f"parallel.bucket_cap_mb = {self.bucket_cap_mb}: must be >= 1")
-        if isinstance(self.fsdp_units, int) and self.fsdp_units < 1:
-            raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
-        if self.straggler_ratio <= 1:
-            raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
-
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -61,14 +29,6 @@ class DistEnv:
         e = os.environ
         return DistEnv(int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), int(e.get("WORLD_SIZE", 1)),
                        int(e.get("LOCAL_WORLD_SIZE", e.get("WORLD_SIZE", 1))))
-
-
-def resolve_strategy(strategy: str, world_size: int) -> str:
-    if strategy == "auto":
-        return "ddp" if world_size > 1 else "none"
-    if strategy == "none" and world_size > 1:
-        raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\" or \"fsdp\"")
-    return strategy
 
 
 def init_distributed(env: DistEnv, device: torch.device) -> torch.device:

@@ -1,20 +1,16 @@
 """FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks.
 
-Units: with big blocks each repeated block is its own FSDP unit (its all-gather overlaps the previous
-block's compute), then the root takes the rest. With small blocks the per-unit hooks cost more host time
-than the block computes, so "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS
-parameters a block. Measured on 2xH200, GPT-2 124M (7M parameters a block), tokens/s per GPU against DDP
-in the same call: one unit 0.90-1.05x, a unit per block 0.54x, 2/3/4 units of several blocks 0.89/0.79/0.76x
-(benchmarks/NOTES.md, sessions 3 and 6). `parallel.fsdp_units=N` stays for models whose gathered
-parameters do not fit at once: N units hold about 1/N of the blocks gathered at a time.
+Units: with big blocks each repeated block is its own FSDP unit, so its all-gather overlaps the previous
+block's compute; with small blocks the per-unit hooks cost more host time than the block computes, so
+"auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block (measured
+figures: benchmarks/NOTES.md). `parallel.fsdp_units=N` is for models whose gathered parameters do not fit
+at once: N units hold about 1/N of the blocks gathered at a time.
 Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
 with parallel.grad_compression="bf16"), fp32 sharded master weights.
 
-Host time matters at this size: a GPT-2 124M step is ~35 ms of GPU work, and FSDP2's per-parameter
-DTensor work can exceed it (then the GPU idles). Three things cut it: the root stays gathered after
-forward, the optimizer steps on the local shards (`shard_local_step`), and so does clipping
-(`accel/optim.py: clip_grad_norm`). Even so one unit stays host-sensitive: on a quiet host its steps ran
-33-35 ms at 98 % GPU use, on a busier one 35-43 ms at 70-99 % (DDP: mostly 36-37 ms on both).
+Host time matters at small sizes, because FSDP2's per-parameter DTensor work can exceed the GPU's work and
+leave it idle. Three things cut it: the root stays gathered after forward, the optimizer steps on the
+local shards (`shard_local_step`), and so does clipping (`accel/optim.py: clip_grad_norm`).
 """
 from __future__ import annotations
 
@@ -24,10 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from turbotrain.accel.compile import find_blocks
-from turbotrain.accel.precision import autocast_dtype
-from turbotrain.distributed.env import ParallelConfig
-from turbotrain.monitor.log import say
+from turbotrain.models.structure import find_blocks
+from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.log import say
 
 
 BLOCK_PARAMS_FOR_UNITS = 50_000_000
@@ -51,11 +46,11 @@ def unit_groups(model: nn.Module, setting: str | int) -> list[list[nn.Module]]:
     return [list(blocks[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, dtype: str, cfg: ParallelConfig) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dtype: torch.dtype | None,
+               cfg: ParallelConfig) -> nn.Module:
     """Shard each unit of blocks (or the model as one unit), then the root.
-    Usage: `model = apply_fsdp(model, device, 8, "bf16", cfg)`."""
+    Usage: `model = apply_fsdp(model, device, 8, torch.bfloat16, cfg)` (param_dtype None: fp32 compute)."""
     mesh = init_device_mesh(device.type, (world_size,))
-    param_dtype = autocast_dtype(dtype)
     reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     groups = unit_groups(model, cfg.fsdp_units)
@@ -127,7 +122,17 @@ class _LocalShardStep:
         self._views = None
 
 
+# Stepping each local shard alone is the same math only for optimizers that update every element from its
+# own gradient and state; one that reads norms or shapes across a tensor (LAMB, Adafactor, Muon...) is not.
+LOCAL_SHARD_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
+
+
 def shard_local_step(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The same optimizer object, stepping on local shards from now on (see `_LocalShardStep`)."""
+    """The same optimizer object, stepping on local shards from now on (see `_LocalShardStep`), for the
+    elementwise optimizers of LOCAL_SHARD_OPTIMIZERS; any other steps on the DTensors as torch does."""
+    if type(opt) not in LOCAL_SHARD_OPTIMIZERS:
+        say(f"fsdp: {type(opt).__name__} is not known to be elementwise; it steps on the sharded DTensors "
+            "(correct, more host time) instead of the local shards")
+        return opt
     opt.__class__ = type(f"ShardLocal{type(opt).__name__}", (_LocalShardStep, type(opt)), {})
     return opt

@@ -1,6 +1,9 @@
 """Built-in models (`gpt`, `cnn`, `resnet`, `mlp`) and user factories (`pkg.module:build`)."""
 from __future__ import annotations
 
+import importlib
+import inspect
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,28 +17,35 @@ BUILTIN = ("gpt", "cnn", "resnet", "mlp")
 
 @dataclass
 class ModelConfig:
+    """The `[model]` section."""
+
     name: str = "gpt"
+    """"gpt" | "cnn" | "resnet" | "mlp" | "pkg.module:factory" (build(**args) -> nn.Module)."""
     args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the model factory; data-derived ones (vocab_size, ...) are filled in and recorded."""
 
     def __post_init__(self) -> None:
         if self.name not in BUILTIN and not is_import_spec(self.name):
             raise UserError(f"model.name = {self.name!r}: expected one of {', '.join(BUILTIN)} or 'pkg.module:factory'")
 
 
-def build_model(cfg: ModelConfig, **defaults: Any) -> nn.Module:
-    """Build on the CPU; `defaults` (e.g. vocab_size from the data) fill args the config leaves out."""
+def model_factory(cfg: ModelConfig):
+    """The callable behind `model.name`: a built-in's `build` or the user's `pkg.module:factory`."""
     if is_import_spec(cfg.name):
-        factory = load_object(cfg.name, "model.name")
-    else:
-        import importlib
+        return load_object(cfg.name, "model.name")
+    return importlib.import_module(f"turbotrain.models.{cfg.name}").build
 
-        factory = importlib.import_module(f"turbotrain.models.{cfg.name}").build
-    import inspect
 
-    params = inspect.signature(factory).parameters
-    args = {k: v for k, v in defaults.items() if k in params and k not in cfg.args}
-    args.update(cfg.args)
-    model = call_factory(factory, "model.args", **args)
+def args_from_data(cfg: ModelConfig, meta: dict) -> dict:
+    """The data-derived arguments (vocab_size, num_classes, ...) that the factory takes and the config
+    leaves out; the resolver records them in the run's config.toml so the model can be rebuilt from it."""
+    params = inspect.signature(model_factory(cfg)).parameters
+    return {k: v for k, v in meta.items() if k in params and k not in cfg.args}
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """Build on the CPU from `model.name` and `model.args`. Usage: `build_model(cfg.model)`."""
+    model = call_factory(model_factory(cfg), "model.args", **cfg.args)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name = {cfg.name!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model

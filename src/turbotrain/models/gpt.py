@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from turbotrain.contract import bool_arg, float_arg, int_arg
 from turbotrain.errors import UserError
 
 
@@ -41,7 +42,7 @@ class GPT(nn.Module):
         super().__init__()
         if n_embd % n_head:
             raise UserError(f"model.args.n_embd = {n_embd}: must be divisible by model.args.n_head = {n_head}")
-        self.block_size, self.n_layer, self.n_embd = block_size, n_layer, n_embd
+        self.vocab_size, self.block_size, self.n_layer, self.n_embd = vocab_size, block_size, n_layer, n_embd
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -79,4 +80,10 @@ class GPT(nn.Module):
 
 def build(vocab_size: int = 50304, block_size: int = 1024, n_layer: int = 12, n_head: int = 12,
           n_embd: int = 768, dropout: float = 0.0, bias: bool = True, tie_weights: bool = True) -> GPT:
+    for key, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer),
+                       ("n_head", n_head), ("n_embd", n_embd)):
+        int_arg(f"model.args.{key}", value, 1)
+    float_arg("model.args.dropout", dropout, 0.0, 1.0, hi_open=True)
+    bool_arg("model.args.bias", bias)
+    bool_arg("model.args.tie_weights", tie_weights)
     return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, tie_weights)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from turbotrain.contract import int_arg
 from turbotrain.errors import UserError
 
 
@@ -35,6 +36,7 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     def __init__(self, layers: list[int], num_classes: int, in_channels: int, base_width: int):
         super().__init__()
+        self.in_channels, self.num_classes = in_channels, num_classes
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, base_width, 7, stride=2, padding=3, bias=False),
             nn.BatchNorm2d(base_width), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1),
@@ -61,6 +63,9 @@ class ResNet(nn.Module):
 
 def build(depth: int = 50, num_classes: int = 1000, in_channels: int = 3, base_width: int = 64) -> ResNet:
     layers = {50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}
-    if depth not in layers:
+    int_arg("model.args.num_classes", num_classes, 1)
+    int_arg("model.args.in_channels", in_channels, 1)
+    int_arg("model.args.base_width", base_width, 1)
+    if isinstance(depth, bool) or depth not in layers:
         raise UserError(f"model.args.depth = {depth}: expected one of {', '.join(map(str, sorted(layers)))} (bottleneck ResNets)")
     return ResNet(layers[depth], num_classes, in_channels, base_width)

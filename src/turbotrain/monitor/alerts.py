@@ -5,7 +5,7 @@ import math
 import statistics
 
 from turbotrain.errors import UserError
-from turbotrain.monitor.log import say
+from turbotrain.log import say
 
 
 class NonFiniteLoss(UserError):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
-from turbotrain.monitor.log import say
+from turbotrain.log import say
 
 
 def _fmt_rate(x: float) -> str:
@@ -36,15 +37,20 @@ def console_line(row: dict, total: int) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True, tensorboard: bool = True):
-        self.enabled, self.total = enabled, total_steps
-        self.jsonl = open(run_dir / "metrics.jsonl", "a") if enabled else None
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True, tensorboard: bool = True,
+                 start_step: int = 0):
+        from turbotrain.rundir import open_run_file
+
+        self.enabled, self.total, self.start_step = enabled, total_steps, start_step
+        self.t0 = self.last_line = time.perf_counter()
+        self.jsonl = open_run_file(run_dir / "metrics.jsonl", "a") if enabled else None
         self.tb = None
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+                # on resume, events of the redone steps (after the checkpoint) are purged: each step once
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 say("monitor: tensorboard is not installed; no TensorBoard events")
         self.progress = None
@@ -54,8 +60,24 @@ class MetricsLogger:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                      TextColumn("{task.fields[info]}"))
-            self.task = self.progress.add_task("train", total=total_steps, info="")
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, info="")
             self.progress.start()
+
+    def tick(self, step: int) -> None:
+        """Every step, on the host: the bar (and its ETA) moves; in a log file a plain progress line appears
+        when 10 s passed without one, so a run with sparse log steps never goes silent."""
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+        elif self.enabled and time.perf_counter() - self.last_line > 10 and step - self.start_step >= 2:
+            print(f"step {step}/{self.total} | ETA {self.eta(step)}", flush=True)
+            self.last_line = time.perf_counter()
+
+    def eta(self, step: int) -> str:
+        done = step - self.start_step
+        if done < 2:
+            return "-:--:--"
+        left = (time.perf_counter() - self.t0) / done * (self.total - step)
+        return f"{int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
 
     def log(self, row: dict) -> None:
         if not self.enabled:
@@ -71,8 +93,9 @@ class MetricsLogger:
             self.progress.update(self.task, completed=row["step"], info=line.split(" | ", 1)[-1])
             if "val_loss" in row:
                 self.progress.console.print(line)
-        else:
-            print(line, flush=True)
+        else:  # a log file (batch job): plain lines with the ETA
+            print(f"{line} | ETA {self.eta(row['step'])}", flush=True)
+            self.last_line = time.perf_counter()
 
     def close(self) -> None:
         if self.progress is not None:

@@ -11,7 +11,7 @@ import time
 import torch
 
 from turbotrain.distributed.env import all_gather_floats
-from turbotrain.monitor.log import say
+from turbotrain.log import say
 
 
 class ForwardTimer:

@@ -35,6 +35,12 @@ class Meter:
         if self.timed_t0 is not None:
             self.excluded_s += self.window_t0 - self.t_log
 
+    def exclude(self, seconds: float) -> None:
+        """Time outside training (a checkpoint save) leaves the window and the timed region."""
+        self.window_t0 += seconds
+        if self.timed_t0 is not None:
+            self.excluded_s += seconds
+
     def timed_rate(self, steps_done: int, samples_per_step: int) -> float | None:
         n = steps_done - self.start_step - self.n_warm
         if self.timed_t0 is None or n <= 0:

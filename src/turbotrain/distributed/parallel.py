@@ -1,0 +1,44 @@
+"""The `[parallel]` section and the choice of data parallelism (DDP or FSDP2) for a world size."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from turbotrain.errors import UserError
+
+
+@dataclass
+class ParallelConfig:
+    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    """"auto": ddp when WORLD_SIZE > 1, else none; ddp and fsdp (FSDP2) run under torchrun."""
+    bucket_cap_mb: int = 100
+    """DDP gradient bucket size; under compile each bucket also splits the graph, so fewer is faster."""
+    static_graph: bool = False
+    """DDP: the same graph every step (lets DDP skip the unused-parameter search)."""
+    sync_batchnorm: bool = False
+    """DDP: BatchNorm statistics over the global batch instead of each rank's micro-batch."""
+    reshard_after_forward: bool = True
+    """FSDP2: free a unit's gathered parameters after its forward (less memory, one more all-gather)."""
+    fsdp_units: Literal["auto", "blocks", "model"] | int = "auto"
+    """FSDP2 units: "model" (one), "blocks" (one per block), N runs of blocks; "auto": per block from 50M params a block."""
+    straggler_ratio: float = 1.25
+    """Warn when a rank's own time per step exceeds the others' median by this factor."""
+    grad_compression: Literal["none", "bf16"] = "none"
+    """Reduce gradients in bf16: half the bytes on the wire (helps FSDP2; DDP's hook loses to native buckets)."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb < 1:
+            raise UserError(f"parallel.bucket_cap_mb = {self.bucket_cap_mb}: must be >= 1")
+        if isinstance(self.fsdp_units, int) and self.fsdp_units < 1:
+            raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
+        if self.straggler_ratio <= 1:
+            raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    """"auto" → ddp under torchrun, none alone; "none" with several ranks is refused."""
+    if strategy == "auto":
+        return "ddp" if world_size > 1 else "none"
+    if strategy == "none" and world_size > 1:
+        raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\" or \"fsdp\"")
+    return strategy

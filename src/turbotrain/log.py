@@ -1,0 +1,82 @@
+"""Console messages from rank 0 only; `say_once` for warnings that must appear exactly once."""
+from __future__ import annotations
+
+import os
+import sys
+
+_said: set[str] = set()
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def say(msg: str) -> None:
+    if is_rank0():
+        print(f"[turbotrain] {msg}", file=sys.stdout, flush=True)
+
+
+def say_once(msg: str) -> None:
+    if msg not in _said:
+        _said.add(msg)
+        say(msg)
+
+
+class Heartbeat:
+    """Says what a long phase is doing every `every` seconds until it ends, so no phase is silent.
+    `status` (optional) adds a live detail, e.g. a child run's step and ETA.
+    Usage: `with Heartbeat("compile: compiling the model in the first step"): step()`."""
+
+    def __init__(self, what: str, every: float = 10.0, status=None):
+        import threading
+
+        self.what, self.every, self.status = what, every, status
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        while not self._done.wait(self.every):
+            detail = self.status() if self.status else ""
+            say(f"{self.what} … {time.perf_counter() - t0:.0f} s" + (f" ({detail})" if detail else ""))
+
+    def __enter__(self) -> "Heartbeat":
+        if is_rank0():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def run_logged(cmd: list[str], log_path, what: str, status=None, env: dict | None = None) -> int:
+    """Run a child process with its output in `log_path`, saying every 10 s what runs (and `status()`)."""
+    import subprocess
+
+    with open(log_path, "w") as f, Heartbeat(what, status=status):
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def run_progress(run_dir, total_steps: int):
+    """A `status` for Heartbeat: the child run's last logged step and ETA, read from its metrics.jsonl."""
+    import json
+    import time
+    from pathlib import Path
+
+    path, t0 = Path(run_dir) / "metrics.jsonl", time.perf_counter()
+
+    def status() -> str:
+        try:
+            lines = path.read_text().splitlines()
+            step = json.loads(lines[-1])["step"] if lines else 0
+        except (OSError, ValueError, KeyError, IndexError):
+            return "starting"
+        if step < 2:
+            return f"step {step}/{total_steps}"
+        left = (time.perf_counter() - t0) / step * (total_steps - step)
+        return f"step {step}/{total_steps}, ETA {left:.0f} s"
+    return status

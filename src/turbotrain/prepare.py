@@ -1,0 +1,172 @@
+"""Build order (torchtitan's): data → model (on the CPU) → resolve the config → run directory → techniques
+and optimizer → resume → write `config.toml`. Nothing is written into the run directory until the config is
+resolved and a resume is known to work, so a refused run changes nothing of an earlier one.
+
+Usage: `run = prepare(cfg)`; the trainer's loop and `profile` take it from there.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from turbotrain import contract
+from turbotrain.checkpoint import Checkpointer, param_shapes
+from turbotrain.config import Config, to_toml
+from turbotrain.data.loader import Batches, StepSampler, build_dataset
+from turbotrain.distributed.env import DistEnv, init_distributed
+from turbotrain.distributed.parallel import resolve_strategy
+from turbotrain.log import say
+from turbotrain.losses import LossFn, resolve_loss
+from turbotrain.models import args_from_data, build_model
+from turbotrain.models.structure import WithLoss, find_blocks
+from turbotrain.monitor.flops import flops_per_sample, peak_flops
+from turbotrain.monitor.run_monitor import StepCost
+from turbotrain.pipeline import Trainee, build_trainee
+from turbotrain.resolve import facts_of, resolve
+from turbotrain.rundir import RunDir, write_run_file
+from turbotrain.workload import data_meta, resolve_device, seed_all
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything the loop needs, built once."""
+
+    cfg: Config  # the effective config (what config.toml holds)
+    env: DistEnv
+    rundir: RunDir
+    trainee: Trainee
+    batches: Batches
+    val_ds: Dataset | None
+    ckpt: Checkpointer
+    start_step: int
+    cost: StepCost
+    info: dict  # facts of the run for the summary
+
+    def save_checkpoint(self, step: int) -> Path:
+        tr = self.trainee
+        meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
+                "param_shapes": param_shapes(tr.model), "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
+                "config": to_toml(self.cfg)}
+        return self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta)
+
+
+def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
+            val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
+    """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
+    names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
+    env = DistEnv.from_environ()
+    device = resolve_device(cfg.run.device)
+    if resolve_strategy(cfg.parallel.strategy, env.world_size) != "none":
+        device = init_distributed(env, device)
+    seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
+    train_ds = train_data if train_data is not None else build_dataset(cfg.data, "train")
+    val_ds = val_data if val_data is not None else (build_dataset(cfg.data, "val") if train_data is None else None)
+    data_args = args_from_data(cfg.model, data_meta(train_ds)) if model is None else {}
+    model = model if model is not None else build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
+    contract.check_model(model, names)
+    cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
+    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, env.rank, env.world_size,
+                          cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
+    # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
+    sample = contract.first_batch(train_ds, torch.device("cpu"), names)
+    contract.check_model_data(model, sample, loss_fn, names)
+    if val_ds is not None and len(val_ds):
+        contract.first_batch(val_ds, torch.device("cpu"), names, split="val")
+    cost = _step_cost(model, sample, loss_fn, cfg, device, env.world_size)
+    shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
+    rundir = RunDir(cfg.run, env.is_main and not probe).open()
+    ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size, sharded=cfg.parallel.strategy == "fsdp")
+    trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
+    start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
+    if env.is_main and not probe:
+        if start_step == 0 and (moved := rundir.set_aside()):
+            say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
+        write_run_file(rundir.path / "config.toml", to_toml(cfg))
+        if start_step:
+            rundir.trim_metrics(start_step)
+    sampler.start_step = start_step
+    batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg), cfg.memory.channels_last)
+    info = _info(cfg, trainee, n_params, cost, start_step, model)
+    say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
+        f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
+        f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")
+    return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
+               start_step=start_step, cost=cost, info=info)
+
+
+def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Config, device: torch.device,
+               world: int) -> StepCost:
+    """FLOPs counted on the CPU model before any technique: activation-checkpoint recompute is not model work."""
+    x = sample[0]
+    tokens = x.shape[1] if x.dim() == 2 and not x.is_floating_point() else None
+    fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
+    return StepCost(global_batch=cfg.data.batch_size * cfg.train.grad_accum * world, tokens_per_sample=tokens,
+                    flops_per_sample=fps, flops_source=source, peak_flops=peak_flops(device, cfg.precision.dtype))
+
+
+def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int) -> int:
+    """The step to start from: 0, or the step of the checkpoint that `checkpoint.resume` names, loaded."""
+    path = ckpt.find_resume()
+    if path is None:
+        return 0
+    t = cfg.train
+    expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype}
+    step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
+    if step >= t.steps:
+        from turbotrain.errors import UserError
+
+        raise UserError(f"the run already reached step {step} ({path}) and asks for train.steps={t.steps}: nothing "
+                        f"to do; raise train.steps to continue it, or choose another run.name for a new run")
+    changed = _apply_hyperparameters(tr, cfg)
+    say(f"resumed from step {step} ({path}): kept the model, optimizer, LR schedule position, loss scaler, RNG "
+        f"and data order" + (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
+    return step
+
+
+def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:
+    """A resumed optimizer carries the checkpoint's lr and weight decay; the config may ask for others. Apply
+    the config's deliberately (the LR schedule continues from its position) and say which changed."""
+    t, changed = cfg.train, []
+    decay_group = tr.opt.param_groups[0]  # accel.optim: group 0 holds the decayed matrices
+    for key, value, group in (("lr", t.lr, None), ("weight_decay", t.weight_decay, decay_group)):
+        old = tr.opt.param_groups[0]["initial_lr"] if key == "lr" else group["weight_decay"]
+        if not math.isclose(old, value, rel_tol=1e-12):
+            changed.append(f"train.{key} ({old:g} → {value:g})")
+            if key == "lr":
+                for g in tr.opt.param_groups:
+                    g["initial_lr"] = value
+                tr.sched.base_lrs = [value] * len(tr.opt.param_groups)
+                for g, f in zip(tr.opt.param_groups, [lam(tr.sched.last_epoch) for lam in tr.sched.lr_lambdas]):
+                    g["lr"] = value * f
+            else:
+                group["weight_decay"] = value
+    return changed
+
+
+def _loader_settings(cfg: Config) -> dict | None:
+    d = cfg.data
+    if d.device_resident:
+        return None
+    return dict(num_workers=d.num_workers, pin_memory=d.pin_memory,
+                prefetch_factor=d.prefetch_factor if d.num_workers else None,
+                persistent_workers=bool(d.persistent_workers and d.num_workers))
+
+
+def _info(cfg: Config, tr: Trainee, n_params: int, cost: StepCost, start_step: int, model: nn.Module) -> dict:
+    device, c = tr.device, cfg.compile
+    blocks = find_blocks(model) if cfg.memory.activation_checkpointing != "none" else None
+    return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                dtype=tr.dtype, params=n_params, global_batch=cost.global_batch, micro_batch=cfg.data.batch_size,
+                grad_accum=cfg.train.grad_accum, world_size=cost.global_batch // (cfg.data.batch_size * cfg.train.grad_accum),
+                strategy=cfg.parallel.strategy, channels_last=cfg.memory.channels_last,
+                activation_checkpointing=cfg.memory.activation_checkpointing,
+                checkpointed_blocks=len(blocks) if blocks is not None else 0,
+                compile=c.enabled and {"mode": c.mode, "scope": c.scope},
+                data_path="device-resident" if cfg.data.device_resident else f"DataLoader {_loader_settings(cfg)}",
+                torch=torch.__version__, resumed_from=start_step, run_dir=str(Path(cfg.run.out_dir) / cfg.run.name))

@@ -1,0 +1,190 @@
+"""Resolve before you write: the requested config becomes the effective one — "auto" values, device facts,
+data-derived model arguments and incompatible combinations — before `config.toml` is written, so the file
+holds exactly what ran and re-running it reproduces the run. Each change of a value the user set is said
+once, with its reason; a combination that cannot be resolved is refused with one `error:` line.
+
+Adding a technique = its module, one line in `pipeline.apply_techniques`, one rule here.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from turbotrain.config import Config
+from turbotrain.errors import UserError
+from turbotrain.log import say
+from turbotrain.models import args_from_data
+from turbotrain.models.structure import find_blocks
+
+RESIDENT_LIMIT_BYTES = 4 << 30  # "auto" keeps built-in datasets up to this size on the device
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What the machine, the data and the model say, as far as the config depends on it."""
+
+    device: torch.device
+    world_size: int = 1
+    local_world_size: int = 1
+    has_conv: bool = False
+    block_params: tuple[int, ...] = ()  # parameters of each repeated block; () = no blocks
+    data_args: dict | None = None  # data-derived model arguments the factory takes and the config leaves out
+    in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
+    cpus: int = 1
+
+
+def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
+             local_world: int = 1) -> Facts:
+    """Facts from a built (not yet parallelized) model and its training dataset."""
+    from turbotrain.data.datasets import TensorDataset
+
+    blocks = find_blocks(model)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Facts(device=device, world_size=world, local_world_size=local_world,
+                 has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
+                 block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
+                 data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
+                 cpus=cpus)
+
+
+class _Changes:
+    """Collects the effective values; says each change of an explicit setting once."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def set(self, section: str, key: str, value, why: str = "") -> None:
+        old = getattr(getattr(self.cfg, section), key)
+        if old == value:
+            return
+        if why:  # an explicit setting overridden (auto values resolve quietly; config.toml shows them)
+            say(f"{section}.{key}: {_show(old)} → {_show(value)} ({why})")
+        self.cfg = replace(self.cfg, **{section: replace(getattr(self.cfg, section), **{key: value})})
+
+
+def _show(v) -> str:
+    return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def resolve(cfg: Config, facts: Facts) -> Config:
+    """The effective config for these facts. Usage: `cfg = resolve(cfg, facts_of(device, model, ds, args))`."""
+    c = _Changes(cfg)
+    on_gpu = facts.device.type == "cuda"
+    _resolve_run(c, facts)
+    _resolve_precision(c, facts)
+    _resolve_parallel(c, facts)
+    _resolve_compile(c, facts, on_gpu)
+    _resolve_memory(c, facts)
+    _resolve_data(c, facts, on_gpu)
+    _resolve_optimizer(c, on_gpu)
+    if c.cfg.kernels.attention == "auto":
+        hopper = on_gpu and torch.cuda.get_device_capability(facts.device)[0] == 9
+        c.set("kernels", "attention", "cudnn" if hopper else "default")
+    if facts.data_args:
+        c.set("model", "args", {**facts.data_args, **c.cfg.model.args})
+    return c.cfg
+
+
+def _resolve_run(c: _Changes, facts: Facts) -> None:
+    if c.cfg.run.device == "auto":
+        c.set("run", "device", facts.device.type)
+
+
+def _resolve_precision(c: _Changes, facts: Facts) -> None:
+    from turbotrain.accel.precision import resolve_dtype
+
+    asked = c.cfg.precision.dtype
+    if facts.device.type == "cpu" and asked in ("bf16", "fp16", "tf32"):
+        say(f"warning: precision.dtype = \"{asked}\" on a CPU: "
+            + ("tf32 is a GPU tensor-core mode and changes nothing here" if asked == "tf32" else
+               "CPU autocast is usually slower than fp32 without native bf16/fp16 matmul units"))
+    c.set("precision", "dtype", resolve_dtype(asked, facts.device),
+          "" if asked == "auto" else "this GPU has no bf16; fp16 with loss scaling instead")
+
+
+def _resolve_parallel(c: _Changes, facts: Facts) -> None:
+    from turbotrain.distributed.fsdp import BLOCK_PARAMS_FOR_UNITS
+    from turbotrain.distributed.parallel import resolve_strategy
+
+    strategy = resolve_strategy(c.cfg.parallel.strategy, facts.world_size)
+    c.set("parallel", "strategy", strategy)
+    if strategy == "none" and c.cfg.parallel.grad_compression != "none":
+        c.set("parallel", "grad_compression", "none", "one process has no gradients to reduce")
+    if strategy == "fsdp" and c.cfg.parallel.fsdp_units == "auto":
+        big = bool(facts.block_params) and max(facts.block_params) >= BLOCK_PARAMS_FOR_UNITS
+        c.set("parallel", "fsdp_units", "blocks" if big else "model")
+
+
+def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
+    comp, par = c.cfg.compile, c.cfg.parallel
+    if not comp.enabled:
+        return
+    if par.strategy != "none" and comp.mode == "reduce-overhead":
+        c.set("compile", "mode", "default", "CUDA graphs cannot hold DDP/FSDP collectives")
+    if comp.mode == "reduce-overhead" and not on_gpu:
+        c.set("compile", "mode", "default", "CUDA graphs need a GPU")
+    per_block_units = par.strategy == "fsdp" and (par.fsdp_units == "blocks" or
+                                                 (isinstance(par.fsdp_units, int) and par.fsdp_units >= len(facts.block_params) > 1))
+    if per_block_units and comp.scope == "model":
+        c.set("compile", "scope", "blocks", "FSDP2 per-block units: a whole-model graph would break at every unit")
+
+
+def _resolve_memory(c: _Changes, facts: Facts) -> None:
+    mem = c.cfg.memory
+    if mem.channels_last == "auto":
+        c.set("memory", "channels_last", facts.device.type == "cuda" and facts.has_conv)
+    if mem.activation_checkpointing != "none" and not facts.block_params:
+        raise UserError("memory.activation_checkpointing needs a model with repeated blocks (a `blocks` ModuleList); "
+                        "set memory.activation_checkpointing=\"none\"")
+
+
+def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:
+    d = c.cfg.data
+    if d.device_resident == "auto":
+        c.set("data", "device_resident", facts.in_memory_bytes is not None and facts.in_memory_bytes <= RESIDENT_LIMIT_BYTES)
+    elif d.device_resident and facts.in_memory_bytes is None:
+        raise UserError("data.device_resident = true needs a built-in in-memory dataset; set it to \"auto\"")
+    if d.num_workers == "auto":  # leave a core to the training process; past ~8 the IPC costs more
+        c.set("data", "num_workers", max(0, min(8, facts.cpus // max(1, facts.local_world_size) - 1)))
+    workers = c.cfg.data.num_workers
+    if d.pin_memory == "auto":
+        c.set("data", "pin_memory", on_gpu)
+    if d.prefetch_factor == "auto":
+        c.set("data", "prefetch_factor", 4)
+    if d.persistent_workers == "auto":
+        c.set("data", "persistent_workers", workers > 0)
+
+
+def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
+    from turbotrain.accel.optim import OPTIMIZERS
+
+    t = c.cfg.train
+    if t.optimizer not in OPTIMIZERS:  # the user's factory picks its own kernels
+        if t.optimizer_impl != "auto":
+            c.set("train", "optimizer_impl", "auto", f"{t.optimizer} builds its own optimizer")
+        return
+    fused_ok = "fused" in inspect.signature(OPTIMIZERS[t.optimizer]).parameters
+    if t.optimizer_impl == "auto":
+        c.set("train", "optimizer_impl", "fused" if fused_ok and on_gpu else "foreach")
+    elif t.optimizer_impl == "fused" and not fused_ok:
+        c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
+
+
+def effective_config(cfg: Config) -> Config:
+    """The config a `train` of `cfg` would run with, here and now, without training: builds the data and the
+    model on the CPU to learn their facts. Usage: `print(to_toml(effective_config(cfg)))`."""
+    from turbotrain.data.loader import build_dataset
+    from turbotrain.distributed.env import DistEnv
+    from turbotrain.models import build_model
+    from turbotrain.workload import data_meta, resolve_device
+
+    env = DistEnv.from_environ()
+    device = resolve_device(cfg.run.device)
+    train_ds = build_dataset(cfg.data, "train")
+    data_args = args_from_data(cfg.model, data_meta(train_ds))
+    model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    return resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))

@@ -1,0 +1,163 @@
+"""The run: its name, where its directory lives, its seed and device (the `[run]` section)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from turbotrain.errors import UserError
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run directory name under out_dir."""
+    out_dir: str = "runs"
+    """Folder that holds the run directories."""
+    seed: int = 0
+    """Seed of every generator: same seed, same initial weights and data order."""
+    device: str = "auto"
+    """"auto" (a GPU when there is one) | "cpu" | "cuda" | "cuda:N"."""
+
+    def __post_init__(self) -> None:
+        ok = self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
+        if not ok:
+            raise UserError(f"run.device = {self.device!r}: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+        problem = self.name_problem(self.name)
+        if problem:
+            raise UserError(f"run.name = {self.name!r}: {problem}; {self.NAME_RULE}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in self.out_dir):
+            raise UserError(f"run.out_dir = {self.out_dir!r}: must be a path without control characters")
+        if not 0 <= self.seed < 2**32:
+            raise UserError(f"run.seed = {self.seed}: must be in 0 .. 2**32-1 (numpy's seed range)")
+
+    NAME_RULE = ("a run name is 1-128 letters, digits, spaces and ._-+=@, characters, "
+                 "not '.' or '..', not starting with '-' or a space")
+    NAME_PUNCT = " ._-+=@,"
+
+    @classmethod
+    def name_char_ok(cls, c: str) -> bool:
+        return (c.isalnum() and c.isprintable()) or c in cls.NAME_PUNCT
+
+    @classmethod
+    def name_problem(cls, name: str) -> str | None:
+        """Why `name` cannot name a run directory (None: it can); the rule is NAME_RULE."""
+        if not name:
+            return "is empty"
+        if name in (".", ".."):
+            return "names a parent or current folder"
+        if len(name) > 128:
+            return f"is {len(name)} characters long"
+        if name[0] in "- " or name[-1] == " ":
+            return "starts with '-' or starts/ends with a space"
+        bad = sorted({c for c in name if not cls.name_char_ok(c)})
+        if bad:
+            return "contains " + ", ".join(repr(c) for c in bad)
+        return None
+
+
+# ---------------------------------------------------------------- the run directory
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "tb", "checkpoints", "final")
+
+
+def open_run_file(path: Path, mode: str = "w"):
+    """Open a file of the run directory for writing without following a symlink: a link planted (or left)
+    there must never redirect a write to a file outside the run. Modes "w" and "a" (text)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
+                            f"directory: remove it or choose another run.name") from None
+        raise UserError(f"cannot write {path} ({e.strerror}); check run.out_dir and free space") from None
+    return os.fdopen(fd, mode)
+
+
+def write_run_file(path: Path, text: str) -> None:
+    """Write a whole file of the run directory atomically (temp file, then rename), never through a link."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.is_symlink():
+        tmp.unlink()
+    with open_run_file(tmp) as f:
+        f.write(text)
+    if path.is_symlink():
+        raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
+                        f"directory: remove it or choose another run.name")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """`{out_dir}/{name}/`, held by one run at a time: rank 0 takes an exclusive lock (flock) that the
+    kernel drops when the process ends, so a crashed run never leaves the directory stuck."""
+
+    def __init__(self, cfg: RunConfig, is_main: bool):
+        self.path, self.is_main, self._lock = Path(cfg.out_dir) / cfg.name, is_main, None
+
+    def open(self) -> "RunDir":
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"run.out_dir: cannot create {self.path} ({e.strerror})") from None
+        for name in ("tb", "checkpoints", "final"):
+            if (self.path / name).is_symlink():
+                raise UserError(f"{self.path / name} is a symbolic link; turbotrain does not write through links "
+                                f"in a run directory: remove it or choose another run.name")
+        if self.is_main:
+            self._take_lock()
+        return self
+
+    def _take_lock(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise UserError(f"run directory {self.path} is in use by another run; wait for it, or choose another "
+                            f"run.name") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self._lock = fd
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the flock
+            self._lock = None
+
+    def holds_earlier_run(self) -> bool:
+        return any((self.path / name).exists() for name in RUN_FILES)
+
+    def set_aside(self) -> Path | None:
+        """A fresh run in a directory that holds an earlier run: move the earlier run's files into
+        `previous-N/` (kept whole, never deleted or mixed with the new run's)."""
+        if not self.holds_earlier_run():
+            return None
+        n = 1
+        while (dest := self.path / f"previous-{n}").exists():
+            n += 1
+        dest.mkdir()
+        for name in RUN_FILES:
+            if (self.path / name).exists() or (self.path / name).is_symlink():
+                os.replace(self.path / name, dest / name)
+        return dest
+
+    def trim_metrics(self, step: int) -> None:
+        """On resume keep the rows up to the checkpoint's step: the steps after it are redone."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists() or path.is_symlink():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # a line cut short by a crash mid-write
+                continue
+            if isinstance(row, dict) and row.get("step", 0) <= step:
+                kept.append(line)
+        write_run_file(path, "".join(r + "\n" for r in kept))

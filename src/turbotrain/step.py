@@ -1,0 +1,159 @@
+"""One optimizer step and the evaluation pass (the `[train]` section configures them and the loop)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from turbotrain.accel import precision
+from turbotrain.accel.compile import disable_compile, is_compile_error
+from turbotrain.accel.optim import clip_grad_norm
+from turbotrain.data.datasets import TensorDataset
+from turbotrain.data.loader import eval_batches
+from turbotrain.distributed.ddp import DDP, grad_sync
+from turbotrain.distributed.env import DistEnv, all_mean
+from turbotrain.errors import UserError
+from turbotrain.monitor.phases import phase
+from turbotrain.monitor.stragglers import ForwardTimer
+from turbotrain.pipeline import Trainee
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    """Optimizer steps to train for."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; global batch = data.batch_size x grad_accum x world size."""
+    optimizer: str = "adamw"
+    """"adamw" | "adam" (betas 0.9, 0.95) | "sgd" (momentum 0.9) | "pkg.module:factory" (factory(param_groups, lr=, weight_decay=))."""
+    optimizer_impl: Literal["auto", "fused", "foreach", "for"] = "auto"
+    """Optimizer kernel: "auto" takes the fused kernel on a GPU, foreach elsewhere."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices (biases and norm gains are not decayed)."""
+    warmup_steps: int = 0
+    """Linear LR warm-up steps."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """LR after warm-up: cosine decay to 10 % of lr, or constant."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    loss: str = "cross_entropy"
+    """"cross_entropy" | "mse" | "model" (forward(x, y) returns the loss) | "pkg.module:fn"."""
+    eval_every: int = 0
+    """Steps between evaluations (0 = only at the end)."""
+    log_every: int = 10
+    """Steps between logged metric rows (each costs one device sync)."""
+    max_bad_steps: int = 3
+    """Consecutive non-finite losses before the run stops."""
+    callbacks: list[str] = field(default_factory=list)
+    """Callbacks, as "pkg.module:Class" (built with no arguments): see turbotrain.callbacks.Callback."""
+    eval_metrics: list[str] = field(default_factory=list)
+    """Extra validation metrics, as "pkg.module:fn" with fn(outputs, targets) -> number; logged as val_<fn>."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "grad_accum", "log_every", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"train.{name} = {getattr(self, name)}: must be >= 1")
+        for name in ("warmup_steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise UserError(f"train.{name} = {getattr(self, name)}: must be >= 0")
+        for name in ("lr", "weight_decay", "grad_clip"):  # nan passes every comparison: check it first
+            v = getattr(self, name)
+            if v != v or v in (float("inf"), float("-inf")):
+                raise UserError(f"train.{name} = {v}: must be a finite number")
+        if not self.lr > 0:
+            raise UserError(f"train.lr = {self.lr}: must be > 0")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise UserError("train.weight_decay and train.grad_clip must be >= 0 (grad_clip 0 = off)")
+        if self.optimizer not in ("adamw", "adam", "sgd") and ":" not in self.optimizer:
+            raise UserError(f"train.optimizer = {self.optimizer!r}: expected \"adamw\", \"adam\", \"sgd\" or "
+                            "'pkg.module:factory'")
+        for key in ("callbacks", "eval_metrics"):
+            bad = [x for x in getattr(self, key) if not isinstance(x, str) or ":" not in x]
+            if bad:
+                raise UserError(f"train.{key} = {bad!r}: expected a list of 'pkg.module:name' strings")
+        if self.loss not in ("cross_entropy", "mse", "model") and ":" not in self.loss:
+            raise UserError(f"train.loss = {self.loss!r}: expected \"cross_entropy\", \"mse\", \"model\" or 'pkg.module:fn'")
+
+
+def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = True,
+               fwd_timer: ForwardTimer | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over the micro-batches of an accumulation. Returns (mean loss, grad norm) as
+    device tensors: nothing here waits for the GPU. The norm is computed when clipping or when asked."""
+    accum = len(micro_batches)
+    loss_sum = torch.zeros((), device=tr.device)
+    for i, (x, y) in enumerate(micro_batches):
+        with grad_sync(tr.model, last_micro_step=i == accum - 1):  # DDP/FSDP: reduce on the last micro-batch
+            if fwd_timer:
+                fwd_timer.start()
+            with phase("forward"), precision.autocast(tr.dtype, tr.device):
+                loss = tr.step_module(x, y) / accum  # mean over micro-batches = mean over the global batch
+            if fwd_timer:
+                fwd_timer.stop()
+            with phase("backward"):
+                tr.scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    with phase("optimizer"):
+        tr.scaler.unscale_(tr.opt)  # no-op unless fp16: grads back to true scale before clipping
+        grad_norm = None
+        if clip > 0 or want_norm:
+            grad_norm = clip_grad_norm(tr.model.parameters(), clip if clip > 0 else math.inf)
+        tr.scaler.step(tr.opt)  # fp16: skipped when grads hold inf/NaN
+        tr.scaler.update()
+        tr.opt.zero_grad(set_to_none=True)
+        tr.sched.step()
+    return loss_sum, grad_norm
+
+
+def first_train_step(tr: Trainee, micro_batches: list, clip: float):
+    """Compilation happens inside the first step; a compiler error falls back to eager and redoes it."""
+    try:
+        return train_step(tr, micro_batches, clip)
+    except Exception as e:
+        if not is_compile_error(e):
+            raise
+        disable_compile(tr.compiled, e)
+        tr.compiled = []
+        tr.opt.zero_grad(set_to_none=True)
+        return train_step(tr, micro_batches, clip)
+
+
+@torch.no_grad()
+def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: int, env: DistEnv,
+             metrics: dict | None = None) -> dict:
+    """Mean val loss (and accuracy for classifiers, and each user metric fn(outputs, targets) as val_<name>)
+    over fixed validation micro-batches, eval mode, on all ranks. The set is `n_global` global batches
+    whatever the micro-batch split: comparable across configs."""
+    if ds is None or n_global == 0 or len(ds) < micro:
+        return {}
+    batches = eval_batches(ds, micro, n_global * accum * env.world_size, env.rank, env.world_size)
+    if not batches:  # fewer val micro-batches than ranks: no comparable val figure (same on every rank)
+        return {}
+    wl = tr.step_module.module if isinstance(tr.step_module, DDP) else tr.step_module  # eval needs no DDP
+    net, loss_fn, metrics = wl.model, wl.loss_fn, metrics or {}
+    tr.model.eval()
+    sums = torch.zeros(3 + len(metrics), dtype=torch.float64, device=tr.device)  # loss, correct, total, metrics
+    for idx in batches:
+        batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
+        x, y = (t.to(tr.device, non_blocking=True) for t in batch)
+        with precision.autocast(tr.dtype, tr.device):
+            out = net(x, y) if loss_fn is None else net(x)
+            sums[0] += (out if loss_fn is None else loss_fn(out, y)).float()
+        if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
+            sums[1] += (out.argmax(-1) == y).sum()
+            sums[2] += y.numel()
+        for i, fn in enumerate(metrics.values()):
+            sums[3 + i] += torch.as_tensor(fn(out.float(), y), dtype=torch.float64, device=tr.device)
+    tr.model.train()
+    # sync point, once per eval: sums over ranks
+    total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
+    n = len(batches) * env.world_size
+    row = {"val_loss": total[0] / n}
+    if total[2]:
+        row["val_acc"] = total[1] / total[2]
+    row.update({f"val_{name}": v / n for name, v in zip(metrics, total[3:])})
+    return row
