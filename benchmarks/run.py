@@ -9,7 +9,7 @@ is rewritten after every command, so a call cut short still says what finished.
 
     python benchmarks/run.py --list
     python benchmarks/run.py bench-gpt --out benchmarks/results/2026-11-24-bench-gpt
-    python benchmarks/run.py scale --gpus 1,2 --out /tmp/out
+    python benchmarks/run.py scale --gpus 1,2 --out /tmp/out --pack $OUT/results.tar.gz   # on the device tool
     python benchmarks/run.py profile --dry-run            # print the commands only
 
 Data for the real-data suites (`converge`, `profile`'s cnn-fashion) comes from TURBOTRAIN_CACHE, `.data`
@@ -27,6 +27,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,19 @@ def write_record(out: Path, record: dict) -> None:
     tmp = out / "RECORD.json.tmp"
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(out / "RECORD.json")
+    if record.get("pack"):
+        pack(out, Path(record["pack"]))
+
+
+def pack(out: Path, tar_gz: Path) -> None:
+    """The results folder as one archive, leaving out checkpoints and CUDA memory snapshots (large)."""
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        return None if "checkpoints" in parts or info.name.endswith(".pickle") else info
+    tmp = tar_gz.with_name(tar_gz.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(out, arcname=out.name, filter=keep)
+    tmp.replace(tar_gz)
 
 
 def run_one(cmd: Cmd, out: Path, env: dict, record: dict) -> int:
@@ -214,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="1,2", help="world sizes for the scale suites (default 1,2)")
     p.add_argument("--list", action="store_true", help="list the suites and exit")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--pack", metavar="TAR_GZ", default=None,
+                   help="also pack the results (no checkpoints, no memory snapshots) into this .tar.gz after every "
+                        "command, for a device tool that returns only a few files: --pack $OUT/results.tar.gz")
     args = p.parse_args(argv)
     gpus = [int(x) for x in args.gpus.split(",")]
     out = Path(args.out).resolve()
@@ -240,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"suites": args.suite, "invocation": [Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])],
               "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **git_commit(),
               **machine(), "env": {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_"))},
-              "commands": []}
+              "commands": [], "pack": str(Path(args.pack).resolve()) if args.pack else None}
     write_record(out, record)
     failed = 0
     for name in args.suite:

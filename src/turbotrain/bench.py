@@ -20,7 +20,7 @@ import torch
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import write_report
-from turbotrain.log import run_logged, run_progress, say
+from turbotrain.log import Heartbeat, run_logged, run_progress, say
 from turbotrain.models.structure import find_blocks
 
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
@@ -76,10 +76,30 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     return out + ["all"]
 
 
-def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int) -> int:
-    """A variant in a fresh process; every 10 s the console says which one runs, its step and ETA."""
+def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeout_s: float | None = None) -> int:
+    """A variant in a fresh process; every 10 s the console says which one runs, its step and ETA.
+    With `timeout_s` (tune's budget) the process and its children are killed past it and 124 returned."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return run_logged([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env)
+    if timeout_s is None:
+        return run_logged([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env)
+    return _run_until([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env, timeout_s)
+
+
+def _run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s: float) -> int:
+    import signal
+    import subprocess
+
+    with open(log, "w") as f, Heartbeat(what, status=status):
+        # its own process group: a torchrun child's workers go with it
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return 124
+        finally:  # also on Ctrl-C in the parent: no trial outlives it
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,

@@ -81,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1, help="runs per variant; the median is reported")
     b.add_argument("--converge", action="store_true", help="judge convergence parity (val loss within 1%%, acc 0.3 pt)")
     b.add_argument("--compare", default="", help="comma list of accelerate,fabric: same workload through them")
+    tu = with_config("tune", "the fastest configuration that fits, for this model: short measured trials")
+    tu.add_argument("--budget-min", type=float, default=10.0, help="wall-clock budget in minutes, trials included "
+                    "(default 10)")
+    tu.add_argument("--repeats", type=int, default=2, help="re-runs of each finalist; compared by median (default 2)")
+    tu.add_argument("--converge", action="store_true", help="re-check the winner's val loss against the input "
+                    "config's on real data (bench's parity rule)")
+    tu.add_argument("--nproc", type=int, default=1, help="processes per trial, launched through torchrun (default 1)")
+    tu.add_argument("--allow-fp16", action="store_true", help="also try fp16 + loss scaling where bf16 exists")
     pr = with_config("profile", "where a step's time goes: breakdown, verdict, fixes")
     pr.add_argument("--active", type=int, default=5, help="profiled steps (default 5)")
     c = with_config("config", "print the effective TOML of a config (auto values resolved), or the key reference")
@@ -93,6 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     f = dsub.add_parser("fetch", help="fetch and prepare a dataset into the cache")
     f.add_argument("name")
     sub.add_parser("presets", help="list the built-in presets")
+    rp = sub.add_parser("report", help="PNG + markdown report of a run (report.png, report.md in RUN_DIR)")
+    rp.add_argument("run_dir", metavar="RUN_DIR")
+    w = sub.add_parser("watch", help="live terminal view of a running or finished run")
+    w.add_argument("run_dir", metavar="RUN_DIR")
+    w.add_argument("--once", action="store_true", help="print one frame and exit")
+    w.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    x = sub.add_parser("export", help="a run's trained model as safetensors or an HF directory")
+    x.add_argument("run_dir", metavar="RUN_DIR")
+    x.add_argument("--format", required=True, choices=("safetensors", "hf"), dest="fmt")
+    x.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/export/FORMAT")
     return p
 
 
@@ -176,6 +194,14 @@ def _bench(args: argparse.Namespace) -> None:
     run_bench(args.config, args.overrides, variants, args.repeats, args.converge, compare)
 
 
+def _tune(args: argparse.Namespace) -> None:
+    from turbotrain.tune import run_tune
+
+    if not args.budget_min > 0 or args.repeats < 0 or args.nproc < 1:
+        raise UserError("--budget-min must be > 0, --repeats >= 0 and --nproc >= 1")
+    run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16)
+
+
 def _profile(args: argparse.Namespace) -> None:
     from turbotrain.config import load_config
     from turbotrain.profile import run_profile
@@ -220,14 +246,37 @@ def _data(args: argparse.Namespace) -> None:
         print(fetch(args.name))
 
 
+def _report(args: argparse.Namespace) -> None:
+    from turbotrain.report import write_report
+
+    png, md = write_report(args.run_dir)
+    print(f"{png}\n{md}")
+
+
+def _watch(args: argparse.Namespace) -> None:
+    from turbotrain.watch import watch
+
+    if not args.interval > 0:
+        raise UserError("--interval must be > 0")
+    watch(args.run_dir, once=args.once, interval_s=args.interval)
+
+
 def _presets(args: argparse.Namespace) -> None:
     from turbotrain.config import list_presets
 
     print("\n".join(list_presets()))
 
 
+def _export(args: argparse.Namespace) -> None:
+    from turbotrain.export import export
+
+    _user_code_on_path(None)  # a pkg.module:factory model is rebuilt from the run's config
+    print(export(args.run_dir, args.fmt, args.out))
+
+
 COMMANDS = {"train": _train, "scale": _scale, "bench": _bench, "profile": _profile, "config": _config, "env": _env,
-            "data": _data, "presets": _presets}
+            "data": _data, "presets": _presets, "tune": _tune,
+            "export": _export, "report": _report, "watch": _watch}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from turbotrain.data.loader import DataConfig
 from turbotrain.distributed.parallel import ParallelConfig
 from turbotrain.errors import UserError
 from turbotrain.models import ModelConfig
+from turbotrain.monitor.run_monitor import MonitorConfig
 from turbotrain.rundir import RunConfig
 from turbotrain.step import TrainConfig
 
@@ -46,6 +47,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 

@@ -143,6 +143,12 @@ def _tensor_like(v: Any) -> bool:
 
 def check_item(item: Any, index: int, names: Names = Names()) -> None:
     """One dataset item must be an (inputs, targets) pair of tensors (numbers and numpy arrays collate too)."""
+    if isinstance(item, dict):  # data.name factories' dict items are mapped by data.datasets.map_dict_items
+        from turbotrain.data.datasets import dict_item_keys
+
+        keys = dict_item_keys(item)  # one line naming the keys when they do not map
+        raise UserError(f"{names.data}: item {index} is a dict; map it to (inputs, targets) = ({keys[0]!r}, "
+                        f"{keys[1]!r}) with turbotrain.data.datasets.map_dict_items(dataset)")
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise UserError(f"{names.data}: item {index} is {_describe(item)}, not an (inputs, targets) pair; "
                         f"make the dataset's __getitem__ return `inputs, targets` (two tensors)")

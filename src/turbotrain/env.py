@@ -1,7 +1,11 @@
-"""`turbotrain env`: the device, versions, the peak FLOP/s used for MFU and recommended settings."""
+"""`turbotrain env`: the device, versions, the peak FLOP/s used for MFU, recommended settings, the distributed
+environment (torchrun / SLURM variables and the world they make, NCCL, GPU topology) and the integrations."""
 from __future__ import annotations
 
+import os
 import platform
+import shutil
+import subprocess
 
 import torch
 
@@ -35,7 +39,77 @@ def describe_env() -> dict:
     }
     info["peak_tflops"] = {d: (round(p / 1e12, 1) if (p := peak_flops(device, d)) else None)
                            for d in ("fp32", "tf32", "bf16", "fp16")}
+    info["distributed"] = describe_distributed(os.environ)
+    info["integrations"] = describe_integrations()
     return info
+
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_PROCID",
+               "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS_PER_NODE",
+               "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODELIST", "SLURM_STEP_NODELIST",
+               "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_DEBUG")
+INTEGRATIONS = ("transformers", "accelerate", "lightning", "wandb", "mlflow", "prometheus_client", "torchao",
+                "tensorboard")
+
+
+def describe_distributed(environ) -> dict:
+    """What a `train` started with this environment would join: the launcher, its world, the variables it
+    comes from, the NCCL version, the GPU topology, and the warnings a run would print."""
+    from turbotrain.distributed.env import restart_store_warning, slurm_exports, srun_tasks
+    from turbotrain.errors import UserError
+
+    out: dict = {}
+    if "RANK" in environ or "WORLD_SIZE" in environ:
+        out["launcher"] = f"torchrun (rank {environ.get('RANK', 0)} of {environ.get('WORLD_SIZE', 1)})"
+    elif srun_tasks(environ) > 1:
+        try:
+            x = slurm_exports(environ)
+            out["launcher"] = (f"slurm srun without torchrun (rank {x['RANK']} of {x['WORLD_SIZE']}, "
+                               f"head {x['MASTER_ADDR']}:{x['MASTER_PORT']})")
+        except UserError as e:
+            out["launcher"] = f"slurm srun, refused: {e}"
+    else:
+        out["launcher"] = "none (one process)" + (" inside a SLURM allocation" if "SLURM_JOB_ID" in environ else "")
+    out.update({k: environ[k] for k in LAUNCH_VARS if k in environ})
+    if torch.cuda.is_available():
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if (topo := gpu_topology()) is not None:
+        out["gpu_topology"] = topo
+    if (warning := restart_store_warning(environ)) is not None:
+        out["restarts"] = warning
+    return out
+
+
+def gpu_topology() -> str | None:
+    """`nvidia-smi topo -m` (links between GPUs, NICs and CPUs), None where nvidia-smi is not there."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.rstrip() if r.returncode == 0 else None
+
+
+def describe_integrations() -> dict:
+    """The installed version of each package turbotrain works with (None: not installed); nothing is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in INTEGRATIONS:
+        dists = {"prometheus_client": ("prometheus-client", "prometheus_client"),
+                 "lightning": ("lightning", "pytorch-lightning")}.get(name, (name,))
+        out[name] = None
+        for dist in dists:
+            try:
+                out[name] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
+    return out
 
 
 def format_env(info: dict) -> str:
@@ -43,7 +117,14 @@ def format_env(info: dict) -> str:
     for k, v in info.items():
         if isinstance(v, dict):
             lines.append(f"{k}:")
-            lines.extend(f"  {kk}: {vv}" for kk, vv in v.items())
+            for kk, vv in v.items():
+                if isinstance(vv, str) and "\n" in vv:  # the topology matrix keeps its columns
+                    lines.append(f"  {kk}:")
+                    lines.extend(f"    {row}" for row in vv.splitlines())
+                elif vv is None and k == "integrations":
+                    lines.append(f"  {kk}: not installed")
+                else:
+                    lines.append(f"  {kk}: {vv}")
         else:
             lines.append(f"{k}: {v}")
     if not info["cuda_available"]:

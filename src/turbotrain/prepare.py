@@ -20,6 +20,7 @@ from turbotrain.config import Config, to_toml
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed.env import DistEnv, init_distributed
 from turbotrain.distributed.parallel import resolve_strategy
+from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
 from turbotrain.models import args_from_data, build_model
@@ -119,8 +120,6 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
     expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype}
     step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
     if step >= t.steps:
-        from turbotrain.errors import UserError
-
         raise UserError(f"the run already reached step {step} ({path}) and asks for train.steps={t.steps}: nothing "
                         f"to do; raise train.steps to continue it, or choose another run.name for a new run")
     changed = _apply_hyperparameters(tr, cfg)
@@ -132,20 +131,17 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
 def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:
     """A resumed optimizer carries the checkpoint's lr and weight decay; the config may ask for others. Apply
     the config's deliberately (the LR schedule continues from its position) and say which changed."""
-    t, changed = cfg.train, []
-    decay_group = tr.opt.param_groups[0]  # accel.optim: group 0 holds the decayed matrices
-    for key, value, group in (("lr", t.lr, None), ("weight_decay", t.weight_decay, decay_group)):
-        old = tr.opt.param_groups[0]["initial_lr"] if key == "lr" else group["weight_decay"]
-        if not math.isclose(old, value, rel_tol=1e-12):
-            changed.append(f"train.{key} ({old:g} → {value:g})")
-            if key == "lr":
-                for g in tr.opt.param_groups:
-                    g["initial_lr"] = value
-                tr.sched.base_lrs = [value] * len(tr.opt.param_groups)
-                for g, f in zip(tr.opt.param_groups, [lam(tr.sched.last_epoch) for lam in tr.sched.lr_lambdas]):
-                    g["lr"] = value * f
-            else:
-                group["weight_decay"] = value
+    t, groups, changed = cfg.train, tr.opt.param_groups, []
+    old_lr = groups[0]["initial_lr"]  # the schedule's base LR (LambdaLR: lr = initial_lr x lambda(step))
+    if not math.isclose(old_lr, t.lr, rel_tol=1e-12):
+        changed.append(f"train.lr ({old_lr:g} → {t.lr:g})")
+        tr.sched.base_lrs = [t.lr] * len(groups)
+        for g, lam in zip(groups, tr.sched.lr_lambdas):
+            g["initial_lr"], g["lr"] = t.lr, t.lr * lam(tr.sched.last_epoch)
+    old_wd = groups[0]["weight_decay"]  # accel.optim: group 0 holds the decayed matrices, group 1 no decay
+    if not math.isclose(old_wd, t.weight_decay, rel_tol=1e-12):
+        changed.append(f"train.weight_decay ({old_wd:g} → {t.weight_decay:g})")
+        groups[0]["weight_decay"] = t.weight_decay
     return changed
 
 

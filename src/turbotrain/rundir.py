@@ -61,7 +61,8 @@ class RunConfig:
 
 # ---------------------------------------------------------------- the run directory
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "tb", "checkpoints", "final")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "tb", "checkpoints", "final",
+             "metrics.csv", "wandb", "mlflow")  # the last three: monitor.trackers
 
 
 def open_run_file(path: Path, mode: str = "w"):
@@ -161,3 +162,52 @@ class RunDir:
             if isinstance(row, dict) and row.get("step", 0) <= step:
                 kept.append(line)
         write_run_file(path, "".join(r + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------- multi-node: one run directory for all ranks
+
+SHARED_FS_TOKEN = ".shared-fs-check"
+
+
+def check_shared_run_dir(path: Path, rank: int, world_size: int, wait_s: float = 3.0) -> None:
+    """Refuse a run whose ranks do not all see the same run directory (multi-node with run.out_dir on each
+    node's local disk): checkpoints and the resume would silently split between disks. Rank 0 writes a token
+    holding a random nonce and broadcasts the nonce; every rank reads the token; if any rank does not see it,
+    every rank raises the same one-line UserError. Rank 0 removes the token either way: nothing is left behind.
+    Collective (every rank calls it) after `RunDir.open()` and before anything else is written; a no-op
+    without a process group. Usage: `check_shared_run_dir(rundir.path, env.rank, env.world_size)`."""
+    import secrets
+    import time
+
+    import torch.distributed as dist
+
+    if world_size <= 1 or not dist.is_initialized():
+        return
+    token = path / SHARED_FS_TOKEN
+    head = [secrets.token_hex(16), str(path.resolve()), socket.gethostname()] if rank == 0 else [None, None, None]
+    try:
+        if rank == 0:
+            with open_run_file(token) as f:
+                f.write(head[0])
+        dist.broadcast_object_list(head, src=0)  # rank 0 wrote the token before this returns anywhere
+        nonce, where, head_host = head
+        deadline = time.monotonic() + wait_s
+        while not (seen := _holds(token, nonce)) and time.monotonic() < deadline:
+            time.sleep(0.25)  # NFS may cache a missing entry for a moment; look again
+        views: list = [None] * world_size
+        dist.all_gather_object(views, (seen, socket.gethostname()))
+    finally:
+        if rank == 0:
+            token.unlink(missing_ok=True)
+    blind = [f"{r} ({host})" for r, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        raise UserError(f"run.out_dir is not shared: rank(s) {', '.join(blind)} do not see the run directory "
+                        f"{where} that rank 0 ({head_host}) created; a multi-node run needs run.out_dir on a "
+                        f"filesystem every node mounts at the same path (NFS, Lustre, ...), given as an absolute path")
+
+
+def _holds(token: Path, nonce: str) -> bool:
+    try:
+        return token.read_text().strip() == nonce
+    except OSError:
+        return False

@@ -21,6 +21,7 @@ from turbotrain.accel.attention import attention_backend
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.accel.compile import compile_stats
 from turbotrain.distributed.env import all_mean, shutdown
+from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor.run_monitor import RunMonitor
 from turbotrain.prepare import Run, prepare
@@ -52,7 +53,7 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
 def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: float) -> dict:
     monitor = RunMonitor(run.rundir.path, run.env, run.trainee.device, run.cost, steps=run.cfg.train.steps,
                          start_step=run.start_step, max_bad_steps=run.cfg.train.max_bad_steps,
-                         straggler_ratio=run.cfg.parallel.straggler_ratio)
+                         straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor)
     hooks.call("on_train_start", run.start_step)
     try:
         done = _loop(run, monitor, hooks, metrics, stop)
@@ -64,6 +65,7 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         monitor.close()
     if run.cfg.checkpoint.every:
         hooks.call("on_checkpoint", done, run.save_checkpoint(done))
+    write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
     tr = run.trainee
     summary = monitor.summary(done, time.perf_counter() - t_start, run.cfg.compile.enabled, run.info)
     if run.cfg.compile.enabled:

@@ -32,6 +32,8 @@ def test_slow_items_without_workers_are_data_bound(tmp_path):
     report = _profile(tmp_path, 'model.name="userpkg.planted:small_model"', 'data.name="userpkg.planted:slow_data"',
                       "data.num_workers=0", "data.batch_size=16")
     assert report["verdict"] == "data-bound"
+    # the planted items sleep 20 ms each (wall time whatever the load): 320 ms a step against a tiny model's
+    # step; checked with both cores burnt by busy loops (4 ms items once gave 0.39 on a loaded machine)
     assert report["breakdown_share"]["data_wait"] > 0.5
     assert report["recommendations"][0]["set"].startswith("data.num_workers=")
 

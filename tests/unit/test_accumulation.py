@@ -1,8 +1,8 @@
 """Gradient accumulation: micro-batches with the loss divided by grad_accum equal one big batch."""
 import torch
 
-from turbotrain.models.gpt import build as build_gpt
 from turbotrain.losses import cross_entropy
+from turbotrain.models.gpt import build as build_gpt
 
 
 def test_accumulated_gradients_equal_big_batch():

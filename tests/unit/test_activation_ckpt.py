@@ -5,8 +5,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.errors import UserError
-from turbotrain.models.gpt import build as build_gpt
 from turbotrain.losses import cross_entropy
+from turbotrain.models.gpt import build as build_gpt
 
 
 def _run(mode):

@@ -82,7 +82,7 @@ def test_config_reference_is_generated_and_current():
 
 
 @pytest.mark.parametrize("section", ["run", "model", "data", "train", "precision", "compile", "memory", "kernels",
-                                     "parallel", "checkpoint"])
+                                     "parallel", "monitor", "checkpoint"])
 def test_every_key_is_documented(section):
     text = config_reference()
     block = text.split(f"## [{section}]")[1].split("## [")[0]

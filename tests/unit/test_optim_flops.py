@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from turbotrain.accel.optim import build_optimizer, lr_lambda
+from turbotrain.losses import cross_entropy
 from turbotrain.models.gpt import build as build_gpt
 from turbotrain.monitor.flops import PEAK_FLOPS, count_train_flops, flops_per_sample, peak_flops
-from turbotrain.losses import cross_entropy
 
 
 def test_warmup_then_cosine():

@@ -205,4 +205,63 @@ def synthetic(split: str, kind: str = "tokens", size: int = 1024, seq_len: int =
                  in_features=in_features)
 
 
-BUILTIN = {"shakespeare": shakespeare, "fashion_mnist": fashion_mnist, "synthetic": synthetic}
+# ---------------------------------------------------------------- dict items (HF `datasets` rows and the like)
+
+INPUT_KEYS = ("input_ids", "pixel_values", "inputs")
+TARGET_KEYS = ("labels", "label", "targets")
+
+
+def dict_item_keys(item: dict) -> tuple[str, str]:
+    """The (inputs key, targets key) of a dict item: one of INPUT_KEYS and one of TARGET_KEYS; other keys
+    (attention_mask, token_type_ids, text, ...) are left out. One UserError naming the keys otherwise."""
+    keys = list(item)
+    ins, tgts = [k for k in INPUT_KEYS if k in item], [k for k in TARGET_KEYS if k in item]
+    if len(ins) != 1 or len(tgts) != 1:
+        what = "inputs" if len(ins) != 1 else "targets"
+        found = ins if len(ins) != 1 else tgts
+        allowed = INPUT_KEYS if what == "inputs" else TARGET_KEYS
+        raise UserError(f"data: a dict item with keys {keys[:8]} maps to (inputs, targets) through exactly one "
+                        f"{what} key of {', '.join(allowed)}; it has {'none' if not found else ' and '.join(found)}: "
+                        f"rename or drop columns so exactly one is left")
+    return ins[0], tgts[0]
+
+
+class DictItems(Dataset):
+    """A dataset of dict items seen as (inputs, targets) pairs through `dict_item_keys`; lists and numbers
+    become tensors. The data-derived model arguments of the wrapped dataset (vocab_size, ...) stay visible."""
+
+    META = ("vocab_size", "block_size", "num_classes", "in_channels", "in_features")
+
+    def __init__(self, ds: Dataset, keys: tuple[str, str]):
+        self.ds, self.keys = ds, keys
+        for k in self.META:
+            if getattr(ds, k, None) is not None:
+                setattr(self, k, getattr(ds, k))
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        item = self.ds[i]
+        return tuple(v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for v in
+                     (item[self.keys[0]], item[self.keys[1]]))
+
+
+def map_dict_items(ds: Dataset) -> Dataset:
+    """`ds` itself when its items are pairs; a `DictItems` view when they are dicts (the first item decides).
+    Usage: `train_data = map_dict_items(hf_dataset)`."""
+    if isinstance(ds, (TensorDataset, DictItems)) or not len(ds):
+        return ds
+    first = ds[0]
+    if not isinstance(first, dict):
+        return ds
+    keys = dict_item_keys(first)
+    left = [k for k in first if k not in keys]
+    say(f"data: dict items mapped as inputs = {keys[0]!r}, targets = {keys[1]!r}"
+        + (f" (not used: {', '.join(map(str, left[:6]))})" if left else ""))
+    return DictItems(ds, keys)
+
+
+from turbotrain.data.text import text  # noqa: E402  (text.py builds on TokenWindows above)
+
+BUILTIN = {"shakespeare": shakespeare, "fashion_mnist": fashion_mnist, "synthetic": synthetic, "text": text}

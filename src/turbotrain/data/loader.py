@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from turbotrain.data.datasets import BUILTIN, TensorDataset
+from turbotrain.data.datasets import BUILTIN, TensorDataset, map_dict_items
 from turbotrain.errors import UserError
 from turbotrain.plugins import call_factory, is_import_spec, load_object
 
@@ -28,7 +28,7 @@ class DataConfig:
     """The `[data]` section."""
 
     name: str = "shakespeare"
-    """"shakespeare" | "fashion_mnist" | "synthetic" | "pkg.module:factory" (build(split, **args) -> Dataset)."""
+    """"shakespeare" | "fashion_mnist" | "synthetic" | "text" (your .txt/.jsonl files: args path, tokens) | "pkg.module:factory" (build(split, **args) -> Dataset of (inputs, targets), or of dicts: input_ids/pixel_values/inputs → inputs, labels/label/targets → targets)."""
     batch_size: int = 16
     """Samples per device per micro-step."""
     num_workers: int | Auto = "auto"
@@ -60,12 +60,13 @@ class DataConfig:
 
 
 def build_dataset(cfg: DataConfig, split: str) -> Dataset:
-    """`build_dataset(cfg, "train")` through the built-in or user factory `build(split, **args)`."""
+    """`build_dataset(cfg, "train")` through the built-in or user factory `build(split, **args)`; dict items
+    are seen as (inputs, targets) through `map_dict_items`."""
     factory = load_object(cfg.name, "data.name") if is_import_spec(cfg.name) else BUILTIN[cfg.name]
     ds = call_factory(factory, "data.args", split, **cfg.args)
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
         raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__}, not a map-style Dataset")
-    return ds
+    return map_dict_items(ds)
 
 
 class StepSampler:

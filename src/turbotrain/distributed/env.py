@@ -1,10 +1,15 @@
-"""The process group: read torchrun's environment, pick NCCL (GPU) or gloo (CPU), bind the device.
+"""The process group: read the launcher's environment (torchrun, or SLURM's `srun` without torchrun), pick
+NCCL (GPU) or gloo (CPU), bind the device.
 
-torchrun is the launcher (single- and multi-node, --max-restarts); nothing here spawns processes.
+torchrun is the launcher (single- and multi-node, --max-restarts); nothing here spawns processes. Tasks started
+by `srun` alone are mapped onto torchrun's variables (as Lightning does), so they form one world instead of N
+independent runs; torchrun's own variables win wherever both are set.
 """
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,12 +18,18 @@ import torch.distributed as dist
 
 from turbotrain.errors import UserError
 
+SRUN_TORCHRUN = ("srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc_per_node=GPUS_PER_NODE "
+                 "--rdzv_backend=c10d --rdzv_endpoint=$(scontrol show hostnames $SLURM_NODELIST | head -n1):29500 "
+                 "-m turbotrain train ... (docs/slurm.md)")
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    launcher: str = "none"  # "torchrun" (or any launcher that sets RANK/WORLD_SIZE) | "slurm" | "none"
 
     @property
     def is_main(self) -> bool:
@@ -26,28 +37,151 @@ class DistEnv:
 
     @staticmethod
     def from_environ() -> "DistEnv":
+        """This process's place in the world. Under `srun` without torchrun, SLURM's layout is also exported as
+        torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the
+        process group and rank-0 logging see one launcher."""
         e = os.environ
-        return DistEnv(int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), int(e.get("WORLD_SIZE", 1)),
-                       int(e.get("LOCAL_WORLD_SIZE", e.get("WORLD_SIZE", 1))))
+        if "RANK" in e or "WORLD_SIZE" in e:
+            return DistEnv(int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), int(e.get("WORLD_SIZE", 1)),
+                           int(e.get("LOCAL_WORLD_SIZE", e.get("WORLD_SIZE", 1))), "torchrun")
+        exports = slurm_exports(e)
+        if not exports:
+            return DistEnv()
+        for k, v in exports.items():
+            os.environ.setdefault(k, v)  # a MASTER_ADDR / MASTER_PORT the user exported wins
+        return DistEnv(int(exports["RANK"]), int(exports["LOCAL_RANK"]), int(exports["WORLD_SIZE"]),
+                       int(exports["LOCAL_WORLD_SIZE"]), "slurm")
+
+
+# ---------------------------------------------------------------- SLURM (srun without torchrun)
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """SLURM's compressed host list, expanded: "node[01-03,07],gpu5" → node01 node02 node03 node07 gpu5.
+    Usage: `expand_hostlist(os.environ["SLURM_NODELIST"])[0]` is the head node."""
+    hosts, token, depth = [], "", 0
+    for c in hostlist + ",":
+        depth += c == "["
+        depth -= c == "]"
+        if c == "," and depth == 0:
+            if token:
+                hosts.extend(_expand_host(token))
+            token = ""
+        else:
+            token += c
+    if depth:
+        raise ValueError(f"unbalanced brackets in host list {hostlist!r}")
+    return hosts
+
+
+def _expand_host(token: str) -> list[str]:
+    m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", token)
+    if not m:
+        return [token]
+    prefix, ranges, rest = m.groups()
+    out = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"bad range {part!r} in host list entry {token!r}")
+        for n in range(int(lo), int(hi or lo) + 1):
+            out.extend(f"{prefix}{n:0{len(lo)}d}{tail}" for tail in _expand_host(rest))
+    return out
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE's compressed form, one count per node: "2(x3),1" → [2, 2, 2, 1]."""
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"bad tasks-per-node entry {part!r} in {spec!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def slurm_port(job_id: str) -> int:
+    """MASTER_PORT from the job id (Lightning's rule): 15000 + its last 4 digits, the same on every task."""
+    digits = "".join(c for c in job_id if c.isdigit())
+    return 15000 + int(digits[-4:] or 0)
+
+
+def srun_tasks(e: Mapping[str, str]) -> int:
+    """How many tasks this process's srun step has; 1 outside a step. A batch script (no SLURM_STEP_ID) or an
+    interactive shell step runs one process whatever the allocation holds: world size 1."""
+    if "SLURM_PROCID" not in e or "SLURM_JOB_ID" not in e:
+        return 1
+    if "SLURM_STEP_ID" not in e and "SLURM_STEPID" not in e:
+        return 1  # the batch step: `python -m turbotrain` in an sbatch script without srun
+    if e.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return 1  # `srun --pty bash`, then python by hand (Lightning's rule too)
+    return int(e.get("SLURM_STEP_NUM_TASKS") or e.get("SLURM_NTASKS") or 1)
+
+
+def slurm_exports(e: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's variables for a task of a multi-task srun step ({} when this is not one). Refuses, with the
+    srun … torchrun recipe, a step whose layout cannot be read."""
+    world = srun_tasks(e)
+    if world <= 1:
+        return {}
+    nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_NODELIST") or e.get("SLURM_JOB_NODELIST", "")
+    per_node = e.get("SLURM_STEP_TASKS_PER_NODE") or e.get("SLURM_TASKS_PER_NODE") or e.get("SLURM_NTASKS_PER_NODE", "")
+    try:
+        head = expand_hostlist(nodelist)[0]
+        counts = expand_tasks_per_node(per_node)
+        local_world = counts[min(int(e.get("SLURM_NODEID", 0)), len(counts) - 1)]
+        rank, local_rank = int(e["SLURM_PROCID"]), int(e.get("SLURM_LOCALID", 0))
+    except (ValueError, IndexError, KeyError) as err:
+        raise UserError(f"srun started {world} tasks but their layout is unreadable ({err}); launch torchrun "
+                        f"once per node instead: {SRUN_TORCHRUN}") from None
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": head, "MASTER_PORT": str(slurm_port(e["SLURM_JOB_ID"]))}
+
+
+# ---------------------------------------------------------------- torchrun --max-restarts
+
+def restart_store_warning(e: Mapping[str, str] = os.environ) -> str | None:
+    """The fix to print when torchrun restarts workers while sharing its rendezvous TCPStore with them (torch
+    >= 2.4's default): restarted workers then meet a store that is gone ("Connection refused") or hang. None
+    when restarts are off or the launcher was started with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."""
+    if int(e.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0 or e.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+        return None
+    if e.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
+        return None  # this launcher does not share its store (static rendezvous, or the opt-out was honored)
+    if tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) < (2, 4):
+        return None
+    return ("warning: torchrun --max-restarts shares its rendezvous store with the workers, and restarts then fail "
+            "(Connection refused, or a hang); start the launcher as: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
+            "--max-restarts=N ...")
 
 
 def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
     """Join the process group (once) and return this rank's device (cuda:LOCAL_RANK on GPUs)."""
     if device.type == "cuda":
-        if env.local_rank >= torch.cuda.device_count():
-            raise UserError(f"LOCAL_RANK {env.local_rank} but only {torch.cuda.device_count()} GPU(s) visible; "
-                            f"lower --nproc_per_node")
-        device = torch.device("cuda", env.local_rank)
+        device = _rank_device(env)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
             raise UserError(f"parallel.strategy ddp/fsdp runs under torchrun ({', '.join(missing)} not set): "
                             "torchrun --nproc_per_node=N -m turbotrain train ...")
+        if env.is_main and (warning := restart_store_warning()):
+            from turbotrain.log import say_once
+
+            say_once(warning)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=10),
                                 device_id=device if device.type == "cuda" else None)
     return device
+
+
+def _rank_device(env: DistEnv) -> torch.device:
+    visible = torch.cuda.device_count()
+    if env.launcher == "slurm" and visible == 1:
+        return torch.device("cuda", 0)  # srun --gpus-per-task / --gpu-bind: each task sees its own GPU only
+    if env.local_rank >= visible:
+        fix = "lower --ntasks-per-node (or use --gpus-per-task)" if env.launcher == "slurm" else "lower --nproc_per_node"
+        raise UserError(f"LOCAL_RANK {env.local_rank} but only {visible} GPU(s) visible; {fix}")
+    return torch.device("cuda", env.local_rank)
 
 
 def all_mean(values: list[float], device: torch.device) -> list[float]:

@@ -1,6 +1,8 @@
-"""Built-in models (`gpt`, `cnn`, `resnet`, `mlp`) and user factories (`pkg.module:build`)."""
+"""Built-in models (`gpt`, `cnn`, `resnet`, `mlp`), Hugging Face models (`hf:<model_type>`, `hf:/saved/dir`:
+see models/hf.py) and user factories (`pkg.module:build`, which may return an HF model too)."""
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -10,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.models import hf
 from turbotrain.plugins import call_factory, is_import_spec, load_object
 
 BUILTIN = ("gpt", "cnn", "resnet", "mlp")
@@ -20,17 +23,22 @@ class ModelConfig:
     """The `[model]` section."""
 
     name: str = "gpt"
-    """"gpt" | "cnn" | "resnet" | "mlp" | "pkg.module:factory" (build(**args) -> nn.Module)."""
+    """"gpt" | "cnn" | "resnet" | "mlp" | "hf:<model_type>" (args: the HF config's) | "hf:/saved/dir" | "pkg.module:factory" (build(**args) -> nn.Module)."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the model factory; data-derived ones (vocab_size, ...) are filled in and recorded."""
 
     def __post_init__(self) -> None:
-        if self.name not in BUILTIN and not is_import_spec(self.name):
-            raise UserError(f"model.name = {self.name!r}: expected one of {', '.join(BUILTIN)} or 'pkg.module:factory'")
+        if hf.is_hf_name(self.name):
+            hf.check_name(self.name)
+        elif self.name not in BUILTIN and not is_import_spec(self.name):
+            raise UserError(f"model.name = {self.name!r}: expected one of {', '.join(BUILTIN)}, 'hf:<model_type>', "
+                            f"'hf:/saved/dir' or 'pkg.module:factory'")
 
 
 def model_factory(cfg: ModelConfig):
     """The callable behind `model.name`: a built-in's `build` or the user's `pkg.module:factory`."""
+    if hf.is_hf_name(cfg.name):
+        return functools.partial(hf.build_hf, cfg.name)
     if is_import_spec(cfg.name):
         return load_object(cfg.name, "model.name")
     return importlib.import_module(f"turbotrain.models.{cfg.name}").build
@@ -39,13 +47,19 @@ def model_factory(cfg: ModelConfig):
 def args_from_data(cfg: ModelConfig, meta: dict) -> dict:
     """The data-derived arguments (vocab_size, num_classes, ...) that the factory takes and the config
     leaves out; the resolver records them in the run's config.toml so the model can be rebuilt from it."""
+    if hf.is_hf_name(cfg.name):
+        return hf.data_args(cfg.name, meta, cfg.args)
     params = inspect.signature(model_factory(cfg)).parameters
     return {k: v for k, v in meta.items() if k in params and k not in cfg.args}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
     """Build on the CPU from `model.name` and `model.args`. Usage: `build_model(cfg.model)`."""
+    if hf.is_hf_name(cfg.name):
+        return hf.build_hf(cfg.name, cfg.args)
     model = call_factory(model_factory(cfg), "model.args", **cfg.args)
+    if hf.is_hf_model(model):  # a user factory's HF model: turbotrain's contract through the same adapter
+        return hf.HFModel(model)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name = {cfg.name!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model

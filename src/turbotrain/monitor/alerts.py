@@ -1,39 +1,101 @@
-"""Alerts at log steps: non-finite loss (stops the run), loss spikes and throughput drops (warnings)."""
+"""Alerts at log steps: the rules of rules.py turned into alert records, rate-limited per rule and sent to
+the sinks (console, alerts.jsonl, webhook, Prometheus counters). A non-finite loss still stops the run.
+
+An alert record (one alerts.jsonl line, the webhook's JSON body):
+    {"time": unix seconds, "step", "rank", "rule", "value", "threshold", "message"}
+"""
 from __future__ import annotations
 
 import math
-import statistics
+import time
+from typing import Callable
 
 from turbotrain.errors import UserError
-from turbotrain.log import say
+from turbotrain.monitor import sinks
+from turbotrain.monitor.rules import Fired, LossRules, MonitorConfig, RowRules
 
 
 class NonFiniteLoss(UserError):
     """The loss stayed NaN/inf for train.max_bad_steps steps in a row."""
 
 
+def _finite_or_none(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
 class Alerts:
-    def __init__(self, max_bad_steps: int, spike_factor: float = 2.0, drop_factor: float = 0.7):
-        self.max_bad, self.spike, self.drop = max_bad_steps, spike_factor, drop_factor
-        self.ema, self.rates = None, []
+    """Usage: `Alerts(max_bad_steps, cfg, rank=r, jsonl=JsonlFile(...), webhook=..., prometheus=...)`; the
+    monitor calls `check_loss` / `check_rate` / `check_row` at log steps and `emit` for its own rules.
+    `is_main`: rules on values every rank shares (the loss, the straggler verdict) are sent by rank 0 only;
+    a rank's own readings (GPU, data wait, sync latency, a hang) are sent by that rank."""
+
+    SHARED = ("loss_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop", "straggler")
+
+    def __init__(self, max_bad_steps: int, cfg: MonitorConfig | None = None, *, rank: int = 0,
+                 jsonl: sinks.JsonlFile | None = None, webhook: sinks.Webhook | None = None,
+                 prometheus: sinks.Prometheus | None = None, clock: Callable[[], float] = time.time):
+        self.cfg = cfg or MonitorConfig()
+        self.max_bad, self.rank, self.clock = max_bad_steps, rank, clock
+        self.jsonl, self.webhook, self.prometheus = jsonl, webhook, prometheus
+        self.loss_rules, self.row_rules = LossRules(self.cfg), RowRules(self.cfg)
+        self.last_sent: dict[str, float] = {}
+        self.held: dict[str, int] = {}  # repeats not sent since the last alert of the rule
+        self.counts: dict[str, int] = {}  # every firing, sent or held
 
     def check_loss(self, loss: float, step: int, bad_streak: float, final: bool) -> None:
-        """Raise NonFiniteLoss when the loss stays non-finite; warn on a spike over its running average.
+        """Raise NonFiniteLoss when the loss stays non-finite; run the loss rules on a finite one.
         `bad_streak`: the non-finite steps in a row up to this one, counted on the device every step (the
         loss is only read at log steps), averaged over ranks so that every rank decides alike."""
         if not math.isfinite(loss):
             streak = max(1, math.ceil(bad_streak))
             if streak >= self.max_bad or final:
-                raise NonFiniteLoss(f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} "
-                                    f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
+                msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} "
+                       f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
+                self.emit(Fired("loss_nonfinite", streak, self.max_bad, msg), step, console=False)
+                raise NonFiniteLoss(msg)
             return
-        if self.ema is not None and loss > self.spike * self.ema:
-            say(f"warning: loss spike at step {step}: {loss:.4f} vs running average {self.ema:.4f}")
-        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        for f in self.loss_rules.check(loss):
+            self.emit(f, step)
 
     def check_rate(self, rate: float, step: int) -> None:
-        if len(self.rates) >= 3:
-            ref = statistics.median(self.rates)
-            if rate < self.drop * ref:
-                say(f"warning: throughput drop at step {step}: {rate:.1f} samples/s vs median {ref:.1f}")
-        self.rates.append(rate)
+        """throughput_drop alone (the other row rules need the whole row: `check_row`)."""
+        self.check_row({"samples_per_s": rate}, step)
+
+    def check_row(self, row: dict, step: int, warm: bool = True) -> None:
+        for f in self.row_rules.check(row, warm):
+            self.emit(f, step)
+
+    def emit(self, fired: Fired, step: int, console: bool = True, repeat: bool = False,
+             rank: int | None = None) -> dict | None:
+        """Send one alert to the sinks, unless the rule already sent one within monitor.alert_repeat_s
+        (`repeat=True` sends regardless). `rank`: the rank it is about, when not this one (a straggler).
+        Returns the record sent, or None when held back or not this rank's to send."""
+        if fired.rule in self.SHARED and self.rank != 0:
+            return None
+        self.counts[fired.rule] = self.counts.get(fired.rule, 0) + 1
+        if self.prometheus is not None:
+            self.prometheus.count(fired.rule)
+        now, last = self.clock(), self.last_sent.get(fired.rule)
+        if not repeat and last is not None and now - last < self.cfg.alert_repeat_s:
+            self.held[fired.rule] = self.held.get(fired.rule, 0) + 1
+            return None
+        self.last_sent[fired.rule] = now
+        held = self.held.pop(fired.rule, 0)
+        message = fired.message + (f" ({held} more since the last {fired.rule} alert)" if held else "")
+        record = {"time": now, "step": step, "rank": self.rank if rank is None else rank, "rule": fired.rule,
+                  "value": _finite_or_none(fired.value), "threshold": _finite_or_none(fired.threshold),
+                  "message": message}
+        if console:
+            sinks.console(record)
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        if self.webhook is not None:
+            self.webhook.send(record)
+        return record
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Let the webhook drain (at most `wait_s`), then close the files."""
+        if self.webhook is not None:
+            self.webhook.close(wait_s)
+        if self.jsonl is not None:
+            self.jsonl.close()

@@ -1,14 +1,14 @@
-"""Where metrics go: metrics.jsonl (one object per logged step), TensorBoard, and the console
-(a rich progress bar on a terminal, plain lines otherwise). Rank 0 only."""
+"""Where metrics go: the trackers (metrics.jsonl, one object per logged step, always; TensorBoard, CSV, W&B,
+MLflow as configured) and the console (a rich progress bar on a terminal, plain lines with the ETA otherwise).
+Rank 0 only."""
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from turbotrain.log import say
+from turbotrain.monitor.trackers import Tracker, build_tracker
 
 
 def _fmt_rate(x: float) -> str:
@@ -37,23 +37,25 @@ def console_line(row: dict, total: int) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True, tensorboard: bool = True,
-                 start_step: int = 0):
-        from turbotrain.rundir import open_run_file
+    """Rank 0's metric rows: to every tracker (metrics.jsonl always; TensorBoard, CSV, W&B, MLflow or one of
+    the user's as `trackers` names them; see monitor/trackers.py) and to the console.
+    Usage: `MetricsLogger(run_dir, steps, enabled=env.is_main, trackers=cfg.trackers, start_step=start)`."""
 
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True,
+                 trackers: Sequence[str | Tracker] = ("jsonl", "tensorboard"), start_step: int = 0):
         self.enabled, self.total, self.start_step = enabled, total_steps, start_step
         self.t0 = self.last_line = time.perf_counter()
-        self.jsonl = open_run_file(run_dir / "metrics.jsonl", "a") if enabled else None
-        self.tb = None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # on resume, events of the redone steps (after the checkpoint) are purged: each step once
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-            except ImportError:
-                say("monitor: tensorboard is not installed; no TensorBoard events")
+        self.trackers: list[Tracker] = []
         self.progress = None
+        if enabled:  # jsonl first and always: the run's record, whatever else is asked for
+            specs = ["jsonl", *(t for t in trackers if t != "jsonl")]
+            try:
+                for spec in dict.fromkeys(specs):
+                    if (tracker := build_tracker(spec, run_dir, start_step)) is not None:
+                        self.trackers.append(tracker)
+            except BaseException:
+                self.close()  # the trackers opened so far (a W&B run, files) end cleanly
+                raise
         if enabled and sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -82,12 +84,8 @@ class MetricsLogger:
     def log(self, row: dict) -> None:
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps(row) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
-                    self.tb.add_scalar(k, v, row["step"])
+        for tracker in self.trackers:
+            tracker.log(row)
         line = console_line(row, self.total)
         if self.progress is not None:
             self.progress.update(self.task, completed=row["step"], info=line.split(" | ", 1)[-1])
@@ -100,7 +98,6 @@ class MetricsLogger:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
-        if self.jsonl is not None:
-            self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

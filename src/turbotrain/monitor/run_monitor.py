@@ -1,20 +1,30 @@
-"""One object owns a run's monitoring: the step meter, the non-finite streak, NVML readings, alerts,
-straggler detection, the metrics logger and the final summary. The loop calls it at three points:
-`after_step` every step (no device sync), `measure` + `write` at log steps, `summary` at the end."""
+"""One object owns a run's monitoring: the step meter, the non-finite streak, NVML readings, alerts (rules,
+sinks, the hung-step watchdog), straggler detection, the metrics logger and the final summary. The loop
+calls it at three points: `after_step` every step (no device sync), `measure` + `write` at log steps,
+`summary` at the end; `close` in a finally."""
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from turbotrain.distributed.env import DistEnv, all_mean
+from turbotrain.monitor import sinks
 from turbotrain.monitor.alerts import Alerts
 from turbotrain.monitor.logger import MetricsLogger
 from turbotrain.monitor.nvml import GpuStats
+from turbotrain.monitor.rules import Fired, MonitorConfig
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
+from turbotrain.monitor.watchdog import Watchdog
 from turbotrain.workload import peak_mem_gib, sync
+
+__all__ = ["MonitorConfig", "RunMonitor", "StepCost"]  # MonitorConfig lives beside its rules (rules.py)
+HUNG_EXIT_CODE = 1  # "anything else" (DESIGN: 0 done, 2 user error, 1 anything else)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,10 +40,13 @@ class StepCost:
 
 class RunMonitor:
     def __init__(self, run_dir: Path, env: DistEnv, device: torch.device, cost: StepCost, *, steps: int,
-                 start_step: int, max_bad_steps: int, straggler_ratio: float):
+                 start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None):
         self.env, self.device, self.cost, self.steps = env, device, cost, steps
+        self.cfg = cfg = cfg or MonitorConfig()
         self.logger = MetricsLogger(run_dir, steps, enabled=env.is_main, start_step=start_step)
-        self.gpu, self.alerts = GpuStats(device), Alerts(max_bad_steps)
+        self.gpu = GpuStats(device)
+        self.mem_total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        self.alerts = _build_alerts(run_dir, env, cfg, max_bad_steps)
         self.fwd_timer = ForwardTimer(device, enabled=env.world_size > 1)
         self.stragglers = StragglerWatch(straggler_ratio, device, env.rank)
         self.n_warm = min(3, max(1, (steps - start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
@@ -41,11 +54,14 @@ class RunMonitor:
         self.bad_streak = torch.zeros((), dtype=torch.int32, device=device)  # non-finite losses in a row
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        self.watchdog = Watchdog(cfg.hang_timeout_s, self._on_hang, start_step) if cfg.hang_timeout_s else None
 
     def after_step(self, done: int, loss: torch.Tensor) -> None:
         """Every step, on the device only (no sync), except once: the end of warm-up."""
         self.bad_streak = torch.where(torch.isfinite(loss), 0, self.bad_streak + 1)
         self.logger.tick(done)  # host-side progress bar only
+        if self.watchdog is not None:
+            self.watchdog.beat(done)  # a host clock reading
         if done - self.start_step == self.n_warm:  # the timed region starts on a drained device
             sync(self.device)
             self.meter.warm_done()
@@ -53,8 +69,9 @@ class RunMonitor:
     def measure(self, done: int, loss: torch.Tensor, grad_norm: torch.Tensor | None, lr: float,
                 data_wait_s: float) -> dict:
         """The metrics row of a log step. Sync point: reads the clock and the loss. Stops the window clock, so
-        what runs before `write` (evaluation) stays out of the throughput."""
+        what runs before `write` (evaluation) stays out of the throughput. Runs the alert rules."""
         sync(self.device)
+        warm = self.meter.window_start - self.start_step >= self.n_warm  # no compile / warm-up in this window
         dt, n, wait = self.meter.window(done, data_wait_s)
         rate = n * self.cost.global_batch / dt
         self.meter.record(rate)
@@ -62,21 +79,64 @@ class RunMonitor:
         row = {"step": done, "loss": loss_v, "lr": lr, "grad_norm": grad_norm.item() if grad_norm is not None else None,
                **self._rates(rate, dt / n, wait / dt), "peak_mem_gib": round(peak, 4)}
         if self.env.world_size > 1:
+            row.update(self._sync_probe())
             row.update(self.stragglers.update((self.fwd_timer.take() + wait) / n, done))
+            self._straggler_alert(row, done)
         self.alerts.check_loss(loss_v, done, streak, final=done == self.steps)
-        self.alerts.check_rate(rate, done)
-        row.update(self.gpu.read())
+        row.update(self._gpu_row())
+        self.alerts.check_row(row, done, warm)
         return row
+
+    def _sync_probe(self) -> dict:
+        """Distributed synchronisation latency: one small all-reduce right after the row's own (which lined the
+        ranks up), timed on the host; `tolist` inside waits for it."""
+        t0 = time.perf_counter()
+        all_mean([0.0], self.device)
+        return {"sync_ms": (time.perf_counter() - t0) * 1e3}
+
+    def _straggler_alert(self, row: dict, done: int) -> None:
+        s = self.stragglers
+        slow = next(iter(s.streak.items()), None)
+        if slow is not None and slow[1] == s.patience:  # StragglerWatch says it on the console already
+            msg = (f"rank {slow[0]} is persistently slower: {row['rank_time_ratio']:.2f}x the fastest rank's own "
+                   f"time per step (data wait + forward)")
+            self.alerts.emit(Fired("straggler", row["rank_time_ratio"], s.ratio, msg), done, console=False,
+                             rank=slow[0])
+
+    def _gpu_row(self) -> dict:
+        out = self.gpu.read()
+        if self.mem_total and "gpu_mem_used_gib" in out:
+            out["gpu_mem_pct"] = round(100 * out["gpu_mem_used_gib"] * 2**30 / self.mem_total, 2)
+        return out
+
+    def _on_hang(self, since: float, step: int, stacks: str) -> None:
+        """The watchdog's verdict (its own thread; the loop is stuck): alert with every thread's stack, let the
+        sinks finish (bounded), then end the process — torchrun then tears the other ranks down."""
+        rank = self.env.rank
+        msg = (f"no step completed for {since:.1f} s after step {step} (monitor.hang_timeout_s = "
+               f"{self.cfg.hang_timeout_s:g}); ending the run (every thread's stack of rank {rank} follows)\n{stacks}")
+        self.alerts.emit(Fired("hung_step", since, self.cfg.hang_timeout_s, msg), step, repeat=True)
+        print(f"[turbotrain] rank {rank}: hung at step {step + 1} (no step for {since:.1f} s); every thread's "
+              f"stack:\n{stacks}", file=sys.stderr, flush=True)
+        self.alerts.close(wait_s=min(self.cfg.webhook_timeout_s, 5.0))
+        sys.stdout.flush()
+        os._exit(HUNG_EXIT_CODE)
 
     def write(self, row: dict, data_wait_s: float) -> None:
         """Log the row (JSONL, TensorBoard, console); the next throughput window starts now."""
         self.logger.log(row)
         self.last = row
+        if self.alerts.prometheus is not None:
+            self.alerts.prometheus.update(row)
+        if self.watchdog is not None:
+            self.watchdog.beat(row["step"])  # evaluation is not a hang
         self.meter.restart(row["step"], data_wait_s)
 
     def exclude(self, seconds: float) -> None:
         """Time spent outside training (a checkpoint save) stays out of throughput and its alerts."""
         self.meter.exclude(seconds)
+        if self.watchdog is not None:
+            self.watchdog.beat(self.watchdog.last_step)  # a save is not a hang
 
     def _rates(self, samples_per_s: float, step_s: float, wait_frac: float) -> dict:
         c = self.cost
@@ -102,8 +162,29 @@ class RunMonitor:
             # warm-up steps' time beyond what they would take at steady speed (≈ compile + first-call costs)
             "compile_s": max(0.0, m.warm_s - m.n_warm * steady_step_s) if compiled else 0.0,
             "warmup_s": m.warm_s, "warmup_steps_excluded": m.n_warm, "wall_s": wall_s,
-            "flops_per_sample": c.flops_per_sample, "flops_source": c.flops_source, "peak_flops": c.peak_flops, **info,
+            "flops_per_sample": c.flops_per_sample, "flops_source": c.flops_source, "peak_flops": c.peak_flops,
+            "alerts": dict(self.alerts.counts), "alerts_undelivered": w.failed if (w := self.alerts.webhook) else 0,
+            **info,
         }
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.alerts.close(wait_s=self.cfg.webhook_timeout_s)
+        if self.alerts.prometheus is not None:
+            self.alerts.prometheus.close()
         self.logger.close()
+
+
+def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps: int) -> Alerts:
+    """Every rank writes its own alerts to alerts.jsonl (and the webhook); /metrics is rank 0's, or each
+    rank's on prometheus_port + LOCAL_RANK with monitor.prometheus_per_rank."""
+    webhook = prometheus = None
+    if cfg.webhook_url:
+        undelivered = sinks.JsonlFile(run_dir / "alerts_undelivered.jsonl")
+        webhook = sinks.Webhook(cfg.webhook_url, cfg.webhook_timeout_s, cfg.webhook_retries, undelivered)
+    if cfg.prometheus_port and (env.is_main or cfg.prometheus_per_rank):
+        port = cfg.prometheus_port + (env.local_rank if cfg.prometheus_per_rank else 0)
+        prometheus = sinks.Prometheus(port, cfg.prometheus_addr, env.rank)
+    return Alerts(max_bad_steps, cfg, rank=env.rank, jsonl=sinks.JsonlFile(run_dir / "alerts.jsonl"),
+                  webhook=webhook, prometheus=prometheus)

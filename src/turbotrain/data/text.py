@@ -1,0 +1,159 @@
+"""`data.name = "text"`: the user's own text files as next-token windows.
+
+    [data]
+    name = "text"
+    [data.args]
+    path = "corpus/"        # a file, or a folder searched recursively for .txt, .jsonl ("text" field), .parquet
+    tokens = "char"         # "char" (the characters present) | "byte" (UTF-8 bytes, vocab 256) | "tok/tokenizer.json"
+    block_size = 256        # tokens per sample
+    val_fraction = 0.1      # the last 10 % of the tokens are the validation split
+
+The files are read in sorted path order, joined by a newline (char/byte) or encoded one by one (a
+tokenizer.json of the HF `tokenizers` library; no special tokens added). The token ids are written once to
+a memory-mapped file in turbotrain's cache (`$TURBOTRAIN_CACHE/text/<key>/`, key = the files' paths, sizes
+and mtimes and the tokenizer), checksummed in its meta.json like the fetched datasets: a changed file makes a
+new cache entry, a corrupt one is rebuilt. .parquet needs pyarrow (installed with `datasets`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from turbotrain.contract import float_arg, int_arg
+from turbotrain.data.fetch import cache_dir, checksums, file_sha256, record_checksums, write_atomic
+from turbotrain.errors import UserError
+from turbotrain.log import say
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def text(split: str, path: str | None = None, tokens: str = "char", block_size: int = 256, val_fraction: float = 0.1,
+         stride: int | None = None):
+    """Token windows over the files at `path` (see the module docstring); the last `val_fraction` is "val"."""
+    from turbotrain.data.datasets import TokenWindows  # datasets.py registers this factory
+
+    if not isinstance(path, str) or not path:
+        raise UserError('data.args.path: data.name = "text" needs the path of a .txt/.jsonl file or of a folder of them')
+    int_arg("data.args.block_size", block_size, 1)
+    float_arg("data.args.val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+    if stride is not None:
+        int_arg("data.args.stride", stride, 1)
+    if not isinstance(tokens, str) or (tokens not in ("char", "byte") and not tokens.endswith(".json")):
+        raise UserError(f"data.args.tokens = {tokens!r}: expected \"char\", \"byte\" or the path of a tokenizer.json")
+    ids, vocab_size = token_ids(source_files(path), tokens)
+    cut = int(len(ids) * (1 - val_fraction))
+    part = ids[:cut] if split == "train" else ids[cut:]
+    if len(part) <= block_size + 1:
+        which = "train" if split == "train" else "validation"
+        raise UserError(f"data.args.block_size = {block_size}: the {which} split of {path} has only {len(part)} "
+                        f"tokens (data.args.val_fraction = {val_fraction}); lower block_size or add text")
+    return TokenWindows(torch.from_numpy(part), block_size, stride, vocab_size)
+
+
+def source_files(path: str) -> list[Path]:
+    root = Path(path).expanduser()
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    else:
+        raise UserError(f"data.args.path = {path!r}: no such file or folder")
+    bad = [p for p in files if p.suffix not in SUFFIXES]
+    if bad or not files:
+        raise UserError(f"data.args.path = {path!r}: " + (f"{bad[0].name} is not {'/'.join(SUFFIXES)}" if bad else
+                        f"no {', '.join(SUFFIXES)} files in the folder"))
+    return files
+
+
+def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
+    """(ids, vocab size): the cached memory-mapped token file when its checksum verifies, else tokenised
+    and cached (in memory only when the cache is not writable)."""
+    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    tok_sum = file_sha256(_tokenizer_path(tokens)) if tokens not in ("char", "byte") else tokens
+    key = hashlib.sha256(json.dumps([stamp, tok_sum]).encode()).hexdigest()[:20]
+    root = cache_dir() / "text" / key
+    sums = checksums(root)
+    if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
+        meta = json.loads((root / "meta.json").read_text())
+        if file_sha256(root / "tokens.bin") == sums["tokens.bin"]:
+            return np.memmap(root / "tokens.bin", dtype=meta["dtype"], mode="c"), meta["vocab_size"]
+        say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
+    ids, vocab_size, vocab = _encode([_read(p) for p in files], tokens)
+    if not len(ids):
+        raise UserError(f"data.args.path: {', '.join(p.name for p in files[:3])} hold no text")
+    meta = {"vocab_size": vocab_size, "dtype": ids.dtype.name, "tokens": tokens, "n_tokens": int(len(ids)),
+            "files": [s[0] for s in stamp], "vocab": vocab}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        write_atomic(root / "tokens.bin", ids.tobytes())
+        write_atomic(root / "meta.json", json.dumps(meta).encode())
+        record_checksums(root, {"tokens.bin": hashlib.sha256(ids.tobytes()).hexdigest()})
+        say(f"data text: {len(files)} file(s), {len(ids):,} tokens ({tokens}, vocab {vocab_size}) cached in {root}")
+        return np.memmap(root / "tokens.bin", dtype=ids.dtype, mode="c"), vocab_size
+    except OSError:
+        say(f"data text: the cache {root} is not writable; tokenised in memory for this run")
+        return ids, vocab_size
+
+
+def _read(p: Path) -> str:
+    if p.suffix == ".txt":
+        return p.read_text(encoding="utf-8", errors="replace")
+    if p.suffix == ".jsonl":
+        out = []
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise UserError(f"data text: {p}:{n} is not a JSON line") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise UserError(f"data text: {p}:{n} has no \"text\" string field")
+            out.append(row["text"])
+        return "\n".join(out)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(f"data text: reading {p.name} needs pyarrow: pip install 'turbotrain[hf]' (datasets)") from None
+    table = pq.read_table(p)
+    if "text" not in table.column_names:
+        raise UserError(f"data text: {p} has no \"text\" column (columns: {', '.join(table.column_names[:8])})")
+    return "\n".join(str(t) for t in table.column("text").to_pylist() if t is not None)
+
+
+def _tokenizer_path(tokens: str) -> Path:
+    p = Path(tokens).expanduser()
+    if not p.is_file():
+        raise UserError(f"data.args.tokens = {tokens!r}: no such tokenizer.json file")
+    return p
+
+
+def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | None]:
+    """(ids in the smallest unsigned dtype that holds the vocabulary, vocab size, the characters for char)."""
+    if tokens == "byte":
+        return np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8).copy(), 256, None
+    if tokens == "char":
+        codes = np.frombuffer("\n".join(docs).encode("utf-32-le"), dtype=np.uint32)
+        vocab, ids = np.unique(codes, return_inverse=True)
+        return ids.astype(_dtype(len(vocab))), len(vocab), [chr(c) for c in vocab]
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError("data.args.tokens = a tokenizer.json needs the tokenizers package: pip install "
+                        "'turbotrain[hf]' (or pip install tokenizers)") from None
+    try:
+        tok = Tokenizer.from_file(str(_tokenizer_path(tokens)))
+    except Exception as e:  # the library raises its own Exception type for a malformed file
+        raise UserError(f"data.args.tokens = {tokens!r}: not a tokenizers tokenizer.json ({str(e)[:120]})") from None
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    enc = tok.encode_batch(docs, add_special_tokens=False)
+    ids = np.fromiter((i for e in enc for i in e.ids), dtype=np.int64)
+    return ids.astype(_dtype(vocab_size)), vocab_size, None
+
+
+def _dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65536 else np.int32)

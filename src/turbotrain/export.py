@@ -1,0 +1,238 @@
+"""A model you can use: `final/` in every finished run directory, `turbotrain export`, `turbotrain.load`.
+
+    run_dir/final/model.safetensors   the trained weights (tied weights stored once), one consolidated file
+                                      whatever the strategy (FSDP2 shards are gathered first)
+    run_dir/final/config.toml         the effective config, data-derived model arguments included: enough to
+                                      rebuild the model (`models.build_model(cfg.model)`) without the data
+    run_dir/final/final.json          what wrote it, the model's class, the weights' sha256
+
+Usage:
+    model = turbotrain.load("runs/gpt-shakespeare")            # eval mode, on the GPU when there is one
+    turbotrain export runs/my-hf-run --format hf [--out DIR]    # AutoModelFor*.from_pretrained(DIR) loads it
+    turbotrain export runs/gpt-shakespeare --format safetensors # model.safetensors + config.toml in DIR
+A run without final/ (stopped before the end) is exported from its latest checkpoint: state.pt, or the
+sharded dcp/ of FSDP2 consolidated into one file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from turbotrain.errors import UserError
+from turbotrain.log import say
+
+FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
+
+
+def _user_module(model: nn.Module) -> nn.Module:
+    from turbotrain.models.structure import unwrap
+
+    return unwrap(model)
+
+
+def _full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The user's model's state on the CPU. Under FSDP2 a collective: every rank calls, rank 0 gets the whole
+    (gathered) state, the others nothing; elsewhere the module's own tensors, copied to the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # rank 0 gets it
+    else:
+        state = model.state_dict()
+    return {k.replace("_orig_mod.", ""): v.detach().to("cpu") for k, v in state.items()}
+
+
+def _tied_duplicates(model: nn.Module) -> dict[str, str]:
+    """{name: the name it is tied to} for every parameter that is another's (GPT-2's lm_head.weight is
+    transformer.wte.weight): safetensors stores a tensor once, `load_model` ties it again."""
+    first: dict[int, str] = {}
+    dup = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        name = name.replace("_orig_mod.", "")
+        if id(p) in first:
+            dup[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return dup
+
+
+def save_weights(state: dict[str, torch.Tensor], tied: dict[str, str], path: Path) -> None:
+    """`state` as one safetensors file, tied duplicates left out, any other shared storage copied apart."""
+    from safetensors.torch import save_file
+
+    out, seen = {}, set()
+    for k, v in state.items():
+        if k in tied:
+            continue
+        v = v.contiguous()
+        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        out[k] = v.clone() if key in seen else v
+        seen.add(key)
+    save_file(out, str(path), metadata={"format": "pt", "tied": json.dumps(tied)})
+
+
+def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | None:
+    """Write `run_dir/final/` (see the module docstring) at the end of a run; all ranks call (FSDP2 gathers),
+    rank 0 writes, atomically. Usage: `write_final(trainee.model, cfg, run_dir, env.is_main)`."""
+    from turbotrain.config import to_toml
+
+    user = _user_module(model)
+    state = _full_state(user)
+    if not is_main:
+        return None
+    final, tmp = run_dir / FINAL, run_dir / f".{FINAL}-{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir(parents=True)
+    try:
+        save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
+        (tmp / "config.toml").write_text(to_toml(cfg))
+        info = {"format": 1, "weights": WEIGHTS, "sha256": _sha256(tmp / WEIGHTS), "model": cfg.model.name,
+                "class": f"{type(user).__module__}.{type(user).__qualname__}", "torch": torch.__version__}
+        (tmp / "final.json").write_text(json.dumps(info, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _final_dir(run_dir: str | os.PathLike) -> Path:
+    """`run_dir/final`, or `run_dir` itself when it is a final/ (or exported safetensors) folder."""
+    root = Path(run_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    for d in (root / FINAL, root):
+        if (d / WEIGHTS).is_file() and (d / "config.toml").is_file():
+            return d
+    raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
+                    f"--format safetensors` writes one from its latest checkpoint")
+
+
+def _build(config_toml: Path) -> tuple[nn.Module, object]:
+    """The model as the run's config builds it, on the CPU (its weights are replaced next)."""
+    from turbotrain.config import load_config
+    from turbotrain.models import build_model
+
+    cfg = load_config(str(config_toml))
+    return build_model(cfg.model), cfg
+
+
+def load(run_dir: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
+    """The trained model of a finished run, in eval mode on `device` (None: the GPU when there is one).
+    Usage: `model = turbotrain.load("runs/gpt-shakespeare"); logits = model(ids)`. An HF model comes as
+    turbotrain's adapter: `.hf` is the `transformers` model (`.generate`, `.save_pretrained`)."""
+    from safetensors.torch import load_model
+
+    final = _final_dir(run_dir)
+    model, _ = _build(final / "config.toml")
+    try:
+        missing, unexpected = load_model(model, str(final / WEIGHTS), strict=False)
+    except RuntimeError as e:  # a shape mismatch: the config no longer builds this model
+        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds ({str(e).splitlines()[0][:200]})") from None
+    if missing or unexpected:
+        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds (missing "
+                        f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    _for_inference(model)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model.to(device).eval()
+
+
+def _for_inference(model: nn.Module) -> None:
+    from turbotrain.models.hf import HFModel
+
+    if isinstance(model, HFModel) and hasattr(model.hf.config, "use_cache"):
+        model.hf.config.use_cache = True  # training turned the KV cache off; generation wants it
+
+
+def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None = None) -> Path:
+    """`export(run, "hf")` → a `save_pretrained` directory; `export(run, "safetensors")` → model.safetensors +
+    config.toml. `out` defaults to `run_dir/export/<fmt>`. Returns the folder written."""
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    root = Path(run_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
+    if not (root / FINAL / WEIGHTS).is_file() and not (root / WEIGHTS).is_file():
+        _final_from_checkpoint(root)
+    if fmt == "safetensors":
+        final = _final_dir(root)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in (WEIGHTS, "config.toml"):
+            shutil.copyfile(final / name, dest / name)
+    else:
+        _export_hf(root, dest)
+    say(f"export: {fmt} → {dest}")
+    return dest
+
+
+def _export_hf(root: Path, dest: Path) -> None:
+    from turbotrain.models.hf import HFModel
+
+    model = load(root, "cpu")
+    if not isinstance(model, HFModel):
+        name = json.loads((_final_dir(root) / "final.json").read_text()).get("model", "?") \
+            if (_final_dir(root) / "final.json").is_file() else "?"
+        raise UserError(f"--format hf needs an HF model (model.name = 'hf:...' or a factory returning one); this "
+                        f"run's model is {name!r}: use --format safetensors")
+    model.hf.save_pretrained(dest)
+    _save_tokenizer(_build_cfg(root), dest)
+
+
+def _build_cfg(root: Path):
+    from turbotrain.config import load_config
+
+    return load_config(str(_final_dir(root) / "config.toml"))
+
+
+def _save_tokenizer(cfg, dest: Path) -> None:
+    """The run's tokenizer.json (data.name = "text", data.args.tokens) beside the HF model, when there is one."""
+    tokens = cfg.data.args.get("tokens") if cfg.data.name == "text" else None
+    if isinstance(tokens, str) and tokens.endswith(".json") and Path(tokens).expanduser().is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        PreTrainedTokenizerFast(tokenizer_file=str(Path(tokens).expanduser())).save_pretrained(dest)
+
+
+def _final_from_checkpoint(root: Path) -> None:
+    """final/ from the latest good checkpoint of an unfinished run: state.pt's model, or FSDP2's sharded
+    dcp/ read into the full model (one process, no process group) — one consolidated file either way."""
+    from turbotrain.checkpoint import Checkpointer, CheckpointConfig, _safe_planner, _safe_reader, _safe_torch_load
+
+    ckpt = Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False)
+    good = [p for p in reversed(ckpt.list()) if Checkpointer.verify(p) is None]
+    if not good:
+        raise UserError(f"{root}: no {FINAL}/{WEIGHTS} and no good checkpoint to export from")
+    path = good[0]
+    meta = json.loads((path / "meta.json").read_text())
+    config = root / "config.toml"
+    model, cfg = _build(config)
+    if meta.get("sharded"):
+        import torch.distributed.checkpoint as dcp
+
+        state = {"model": model.state_dict()}
+        dcp.load(state, storage_reader=_safe_reader(path / "dcp"), planner=_safe_planner(), no_dist=True)
+        model.load_state_dict(state["model"])
+    else:
+        with open(path / "state.pt", "rb") as f:
+            model.load_state_dict(_safe_torch_load(f, "state.pt")["model"])
+    write_final(model, cfg, root, True)
+    say(f"export: {root / FINAL} written from checkpoint {path.name} (the run did not finish)")

@@ -1,0 +1,184 @@
+"""Hugging Face `transformers` models as turbotrain models (the optional `hf` extra).
+
+    model.name = "hf:gpt2"          + [model.args] = the HF config's keyword arguments (no download)
+    model.name = "hf:/path/to/dir"  a `save_pretrained` directory, weights included ("hf:./dir" for relative)
+    a user factory returning a `PreTrainedModel`: wrapped the same way by `models.build_model`
+
+Which head `hf:<model_type>` builds: the causal LM (`AutoModelForCausalLM`) where the type has one (gpt2,
+llama, ...), else sequence classification (`AutoModelForSequenceClassification`: num_labels from the
+data's classes), else the bare `AutoModel` (its `last_hidden_state` is the output; no loss of its own).
+
+`HFModel` adapts an HF model to turbotrain's contract: forward(x) returns a tensor (`.logits`, else
+`.last_hidden_state`), forward(x, y) (`train.loss = "model"`) returns HF's own `.loss`, with the targets
+passed by keyword as `labels`. Label shifting, decided so the math equals `cross_entropy` on turbotrain's
+targets: turbotrain's token targets are already aligned with the outputs (y[t] is the token after x[t]), so
+a causal LM gets them as `shift_labels` too, and HF does not shift them again. Targets equal to the inputs
+(HF's own convention: `labels = input_ids`, e.g. dict data) are passed as plain `labels` and HF shifts
+them. The choice is made once, on the first forward (the contract check), never per step.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from turbotrain.errors import UserError
+
+PREFIX = "hf:"
+
+
+def require_transformers(what: str):
+    """The `transformers` module, or one UserError saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"{what} needs the Hugging Face transformers package: pip install 'turbotrain[hf]' "
+                        f"(or pip install transformers)") from None
+    return transformers
+
+
+def is_hf_name(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def hf_target(name: str) -> tuple[str, Path | None]:
+    """("gpt2", None) for `hf:gpt2`; ("", path) for a saved directory (a name with "/" or a leading "." or "~")."""
+    rest = name[len(PREFIX):]
+    if "/" in rest or rest.startswith((".", "~")) or os.sep in rest:
+        return "", Path(rest).expanduser()
+    return rest, None
+
+
+def check_name(name: str) -> None:
+    """Config-time check of `model.name = "hf:..."` (no import of transformers)."""
+    model_type, path = hf_target(name)
+    if path is None and not model_type.replace("_", "").replace("-", "").isalnum():
+        raise UserError(f"model.name = {name!r}: expected 'hf:<model_type>' (e.g. 'hf:gpt2') or 'hf:/path/to/saved/dir'")
+
+
+def head_of(model_type: str) -> str:
+    """Which Auto class `hf:<model_type>` builds: "causal_lm" | "sequence_classification" | "base"."""
+    from transformers.models.auto import modeling_auto as ma
+
+    if model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal_lm"
+    if model_type in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        return "sequence_classification"
+    return "base"
+
+
+def data_args(name: str, meta: dict, given: dict) -> dict:
+    """Data-derived HF config arguments for `hf:<model_type>`: vocab_size from token data (causal LMs and
+    base models), num_labels from a classifier's classes. A saved directory takes nothing from the data."""
+    model_type, path = hf_target(name)
+    if path is not None:
+        return {}
+    require_transformers(f"model.name = {name!r}")
+    head, out = head_of(model_type), {}
+    if "vocab_size" in meta and "vocab_size" not in given:
+        out["vocab_size"] = meta["vocab_size"]
+    if head == "sequence_classification" and "num_classes" in meta and "num_labels" not in given:
+        out["num_labels"] = meta["num_classes"]
+    return out
+
+
+def _config(model_type: str, args: dict):
+    transformers = require_transformers(f"model.name = 'hf:{model_type}'")
+    try:
+        default = transformers.AutoConfig.for_model(model_type)
+    except (ValueError, KeyError):
+        raise UserError(f"model.name = 'hf:{model_type}': transformers {transformers.__version__} knows no model "
+                        f"type {model_type!r}; use a type such as gpt2, llama, bert (AutoConfig model_type)") from None
+    known = set(default.to_dict()) | set(getattr(default, "attribute_map", {})) | {"num_labels"}
+    unknown = sorted(k for k in args if k not in known)
+    if unknown:  # HF configs take any keyword silently: a typo (n_layers) would train the default model
+        raise UserError(f"model.args.{unknown[0]}: not a field of {type(default).__name__}; valid model.args: "
+                        f"{', '.join(sorted(k for k in default.to_dict() if not k.startswith('_'))[:40])}, ...")
+    vocab, special = args.get("vocab_size"), {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # defaults past a small data vocabulary: none
+        tok = getattr(default, key, None)
+        if key not in args and isinstance(tok, int) and isinstance(vocab, int) and tok >= vocab:
+            special[key] = None
+    return transformers.AutoConfig.for_model(model_type, **args, **special)
+
+
+def build_hf(name: str, args: dict) -> nn.Module:
+    """`build_hf("hf:gpt2", {"n_layer": 2, ...})` or `build_hf("hf:/dir", {})` → `HFModel`, on the CPU."""
+    transformers = require_transformers(f"model.name = {name!r}")
+    model_type, path = hf_target(name)
+    if path is not None:
+        if not (path / "config.json").is_file():
+            raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); "
+                            f"save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
+        cfg = transformers.AutoConfig.from_pretrained(path, **args)
+        head = head_of(cfg.model_type)
+        auto = _auto_class(transformers, head, cfg)
+        return HFModel(auto.from_pretrained(path, config=cfg))
+    cfg = _config(model_type, args)
+    return HFModel(_auto_class(transformers, head_of(model_type), cfg).from_config(cfg))
+
+
+def _auto_class(transformers, head: str, cfg):
+    arch = (getattr(cfg, "architectures", None) or [""])[0]
+    if arch.endswith("ForSequenceClassification"):  # a saved classifier keeps its head
+        return transformers.AutoModelForSequenceClassification
+    return {"causal_lm": transformers.AutoModelForCausalLM,
+            "sequence_classification": transformers.AutoModelForSequenceClassification}.get(head, transformers.AutoModel)
+
+
+def is_hf_model(model: Any) -> bool:
+    """A `transformers.PreTrainedModel` (checked without importing transformers when it is not loaded)."""
+    import sys
+
+    if "transformers" not in sys.modules:
+        return False
+    return isinstance(model, sys.modules["transformers"].PreTrainedModel)
+
+
+class HFModel(nn.Module):
+    """An HF model under turbotrain's contract (see the module docstring). `.hf` is the HF model itself:
+    `turbotrain.load(run).hf.save_pretrained(dir)`, `.generate(...)`."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.hf = hf
+        if hasattr(hf.config, "use_cache"):
+            hf.config.use_cache = False  # training: a KV cache is memory for nothing (and clashes with act-ckpt)
+        self.input_name = getattr(hf, "main_input_name", "input_ids")
+        self.causal = type(hf).__name__ in _causal_names()
+        if self.causal:
+            hf.loss_type = "ForCausalLM"  # HF warns on every model whose config names no loss type
+        self.targets_are_inputs: bool | None = None  # decided on the first forward(x, y); see the docstring
+
+    @property
+    def blocks(self) -> nn.Module | None:
+        """The repeated blocks (act-ckpt, per-block compile, FSDP2 units): the longest ModuleList inside."""
+        lists = [m for m in self.hf.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+        return max(lists, key=len, default=None)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if y is None:
+            out = self.hf(**{self.input_name: x})
+            logits = getattr(out, "logits", None)
+            return logits if logits is not None else out.last_hidden_state
+        y = y.contiguous()  # HF flattens labels with .view; token windows' targets are a strided slice
+        kwargs = {self.input_name: x, "labels": y}
+        if self.causal:
+            if self.targets_are_inputs is None:  # once, at the contract check: a host sync is fine there
+                self.targets_are_inputs = bool(y.shape == x.shape and torch.equal(y, x))
+            if not self.targets_are_inputs:
+                kwargs["shift_labels"] = y  # already aligned with the outputs: no second shift
+        loss = self.hf(**kwargs).loss
+        if loss is None:
+            raise UserError(f"{type(self.hf).__name__} computes no loss of its own (a bare AutoModel); set "
+                            f"train.loss = \"cross_entropy\" or \"mse\", or use a model type with a head")
+        return loss
+
+
+def _causal_names() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return {v for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(v, str)}

@@ -1,0 +1,240 @@
+"""Alert rules: the `[monitor]` section's thresholds and the checks that read them.
+
+Each check looks at host floats of a log step (never a tensor: the row is already read by then) and returns
+a `Fired` when its rule trips, or None. They keep what history they need (a window of losses, the past
+throughput windows, streaks of log steps) and nothing else, so they are tested on synthetic series.
+
+Rule names (the `rule` of an alerts.jsonl line): loss_nonfinite, loss_spike, loss_diverging, loss_plateau,
+throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, sync_latency, straggler, hung_step.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from turbotrain.errors import UserError
+
+RULES = ("loss_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop", "data_wait",
+         "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "sync_latency", "straggler", "hung_step")
+
+
+@dataclass
+class MonitorConfig:
+    """The `[monitor]` section: where metrics and alerts go, and when alerts fire."""
+
+    trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Metric sinks: "jsonl" (always on) | "tensorboard" | "csv" | "wandb" | "mlflow"."""
+    webhook_url: str = ""
+    """POST every alert as JSON to this URL ("" = off); never blocks training."""
+    webhook_timeout_s: float = 5.0
+    """Seconds one webhook POST may take before it counts as failed."""
+    webhook_retries: int = 3
+    """Tries per alert (with a short backoff) before it is recorded as undelivered in alerts_undelivered.jsonl."""
+    prometheus_port: int = 0
+    """Serve /metrics on this port (0 = off); needs the [monitor] extra (prometheus-client)."""
+    prometheus_addr: str = "0.0.0.0"
+    """Address the /metrics endpoint binds ("127.0.0.1" keeps it local to the host)."""
+    prometheus_per_rank: bool = False
+    """Every rank serves /metrics on prometheus_port + LOCAL_RANK (default: rank 0 only)."""
+    hang_timeout_s: float = 0.0
+    """Fail the run when no step completes for this many seconds, with every thread's stack (0 = off)."""
+    alert_repeat_s: float = 600.0
+    """An alert of one rule is sent at most once per this many seconds (repeats are counted, not sent)."""
+    loss_spike_factor: float = 2.0
+    """loss_spike: a logged loss above this factor times its running average (0 = off)."""
+    loss_diverging_window: int = 10
+    """loss_diverging: log steps in the trend window (0 = off)."""
+    loss_diverging_rise: float = 0.2
+    """loss_diverging: the fitted trend rises by more than this fraction over the window, mostly step by step."""
+    loss_plateau_window: int = 50
+    """loss_plateau: log steps without improvement that make a plateau (0 = off)."""
+    loss_plateau_delta: float = 0.01
+    """loss_plateau: the relative improvement of the best loss that counts as progress."""
+    throughput_drop_ratio: float = 0.7
+    """throughput_drop: a window's samples/s below this fraction of the median of the earlier windows (0 = off)."""
+    data_wait_pct: float = 50.0
+    """data_wait: the share of step time spent waiting for data above this % ... (100 = off)."""
+    data_wait_steps: int = 3
+    """... for this many log steps in a row."""
+    gpu_util_low_pct: float = 10.0
+    """gpu_util_low: NVML GPU utilisation below this % ... (0 = off)."""
+    gpu_util_low_steps: int = 5
+    """... for this many log steps in a row."""
+    gpu_temp_high_c: float = 85.0
+    """gpu_temp_high: GPU temperature above this many °C (0 = off)."""
+    gpu_mem_high_pct: float = 95.0
+    """gpu_mem_high: device memory in use above this % of the device (0 = off)."""
+    sync_latency_ms: float = 100.0
+    """sync_latency: a small all-reduce at a log step takes longer than this many ms (0 = off; 2+ ranks)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.prometheus_port <= 65535:
+            raise UserError(f"monitor.prometheus_port = {self.prometheus_port}: expected 0 (off) or a port 1-65535")
+        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
+            raise UserError(f"monitor.webhook_url = {self.webhook_url!r}: expected an http:// or https:// URL, "
+                            f"or \"\" (off)")
+        for key in ("hang_timeout_s", "alert_repeat_s", "loss_spike_factor", "loss_diverging_rise",
+                    "loss_plateau_delta", "throughput_drop_ratio", "gpu_temp_high_c", "sync_latency_ms",
+                    "loss_diverging_window", "loss_plateau_window"):
+            if getattr(self, key) < 0:
+                raise UserError(f"monitor.{key} = {getattr(self, key)}: must be >= 0 (0 = off)")
+        for key in ("data_wait_pct", "gpu_util_low_pct", "gpu_mem_high_pct"):
+            if not 0 <= getattr(self, key) <= 100:
+                raise UserError(f"monitor.{key} = {getattr(self, key)}: expected a percentage in [0, 100]")
+        for key in ("webhook_retries", "data_wait_steps", "gpu_util_low_steps"):
+            if getattr(self, key) < 1:
+                raise UserError(f"monitor.{key} = {getattr(self, key)}: must be >= 1")
+        if self.webhook_timeout_s <= 0:
+            raise UserError(f"monitor.webhook_timeout_s = {self.webhook_timeout_s}: must be > 0")
+        if self.loss_diverging_window in (1, 2):
+            raise UserError("monitor.loss_diverging_window: a trend needs at least 3 log steps (0 = off)")
+        if self.throughput_drop_ratio >= 1:
+            raise UserError(f"monitor.throughput_drop_ratio = {self.throughput_drop_ratio}: must be < 1 (0 = off)")
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A rule that tripped: its name, the value it saw, the threshold it crossed, a one-line message."""
+
+    rule: str
+    value: float
+    threshold: float
+    message: str
+
+
+class LossRules:
+    """loss_spike (one point over the running average), loss_diverging (a rising trend over a window) and
+    loss_plateau (no improvement of the best loss over a window). Non-finite losses are skipped here: the
+    non-finite stop in alerts.py owns them."""
+
+    def __init__(self, cfg: MonitorConfig):
+        self.cfg, self.ema, self.n = cfg, None, 0
+        self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1))
+        self.best, self.best_at = math.inf, 0  # best loss and the log-step count when it was reached
+
+    def check(self, loss: float) -> list[Fired]:
+        if not math.isfinite(loss):
+            return []
+        self.n += 1
+        out = [f for f in (self._spike(loss), self._diverging(loss), self._plateau(loss)) if f]
+        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        return out
+
+    def _spike(self, loss: float) -> Fired | None:
+        k = self.cfg.loss_spike_factor
+        # from the 3rd log step: the first losses of a run fall fast and say nothing about spikes
+        if k and self.ema is not None and self.n > 2 and loss > k * self.ema and loss > 0:
+            return Fired("loss_spike", loss, k * self.ema,
+                         f"loss {loss:.4g} is {loss / self.ema:.1f}x its running average {self.ema:.4g}")
+        return None
+
+    def _diverging(self, loss: float) -> Fired | None:
+        w = self.cfg.loss_diverging_window
+        if not w:
+            return None
+        self.window.append(loss)
+        if len(self.window) < w:
+            return None
+        ys = list(self.window)
+        start, end = _fit_ends(ys)
+        rise = (end - start) / max(abs(start), 1e-12)
+        ups = sum(b > a for a, b in zip(ys, ys[1:])) / (w - 1)
+        if rise > self.cfg.loss_diverging_rise and ups >= 0.7 and ys[-1] > ys[0]:
+            return Fired("loss_diverging", rise, self.cfg.loss_diverging_rise,
+                         f"loss rose from {ys[0]:.4g} to {ys[-1]:.4g} over the last {w} log steps "
+                         f"(trend +{rise:.0%}); lower train.lr or raise train.warmup_steps")
+        return None
+
+    def _plateau(self, loss: float) -> Fired | None:
+        w = self.cfg.loss_plateau_window
+        if loss < self.best - self.cfg.loss_plateau_delta * abs(self.best) or not math.isfinite(self.best):
+            self.best, self.best_at = loss, self.n
+            return None
+        self.best = min(self.best, loss)
+        stalled = self.n - self.best_at
+        if w and stalled >= w:
+            self.best_at = self.n  # the next plateau alert needs another full window
+            return Fired("loss_plateau", stalled, w, f"no improvement of the loss by {self.cfg.loss_plateau_delta:.1%} "
+                         f"in {stalled} log steps (best {self.best:.4g})")
+        return None
+
+
+def _fit_ends(ys: list[float]) -> tuple[float, float]:
+    """The least-squares line through (i, ys[i]): its values at the first and the last point."""
+    n = len(ys)
+    mx, my = (n - 1) / 2, sum(ys) / n
+    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
+    return my - slope * mx, my + slope * mx
+
+
+class Streak:
+    """A condition that must hold for `n` log steps in a row; true while it goes on (the rate limit of
+    alerts.py keeps that to one alert per monitor.alert_repeat_s)."""
+
+    def __init__(self, n: int):
+        self.n, self.count = n, 0
+
+    def update(self, cond: bool) -> bool:
+        self.count = self.count + 1 if cond else 0
+        return self.count >= self.n
+
+
+class RowRules:
+    """throughput_drop, data_wait, GPU utilisation / temperature / memory and sync latency, on a metrics row."""
+
+    def __init__(self, cfg: MonitorConfig):
+        self.cfg, self.rates = cfg, []
+        self.wait, self.util = Streak(cfg.data_wait_steps), Streak(cfg.gpu_util_low_steps)
+
+    def check(self, row: dict, warm: bool = True) -> list[Fired]:
+        """`warm`: False for windows that hold warm-up (compile, worker start): their rates and waits are not
+        judged, only remembered as part of the throughput history."""
+        checks = (self._rate(row.get("samples_per_s"), warm), self._wait(row.get("data_wait_pct"), warm),
+                  self._gpu(row), self._sync(row.get("sync_ms")))
+        return [f for group in checks for f in group]
+
+    def _rate(self, rate: float | None, warm: bool) -> list[Fired]:
+        r = self.cfg.throughput_drop_ratio
+        if rate is None:
+            return []
+        out = []
+        if r and warm and len(self.rates) >= 3:
+            ref = statistics.median(self.rates)
+            if rate < r * ref:
+                out.append(Fired("throughput_drop", rate, r * ref, f"throughput {rate:.4g} samples/s is "
+                                 f"{rate / ref:.0%} of the median {ref:.4g} of the earlier log windows"))
+        if warm:
+            self.rates.append(rate)
+        return out
+
+    def _wait(self, pct: float | None, warm: bool) -> list[Fired]:
+        x = self.cfg.data_wait_pct
+        if pct is None or not warm or x >= 100:
+            return []
+        if self.wait.update(pct > x):
+            return [Fired("data_wait", pct, x, f"{pct:.0f}% of step time waits for data ({self.cfg.data_wait_steps} "
+                          f"log steps in a row); raise data.num_workers / data.prefetch_factor")]
+        return []
+
+    def _gpu(self, row: dict) -> list[Fired]:
+        c, out = self.cfg, []
+        util, temp, mem = row.get("gpu_util_pct"), row.get("gpu_temp_c"), row.get("gpu_mem_pct")
+        if util is not None and c.gpu_util_low_pct and self.util.update(util < c.gpu_util_low_pct):
+            out.append(Fired("gpu_util_low", util, c.gpu_util_low_pct, f"GPU utilisation {util:.0f}% below "
+                             f"{c.gpu_util_low_pct:.0f}% for {c.gpu_util_low_steps} log steps: the GPU is starved"))
+        if temp is not None and c.gpu_temp_high_c and temp > c.gpu_temp_high_c:
+            out.append(Fired("gpu_temp_high", temp, c.gpu_temp_high_c, f"GPU temperature {temp:.0f} °C above "
+                             f"{c.gpu_temp_high_c:.0f} °C: check cooling, expect throttling"))
+        if mem is not None and c.gpu_mem_high_pct and mem > c.gpu_mem_high_pct:
+            out.append(Fired("gpu_mem_high", mem, c.gpu_mem_high_pct, f"device memory {mem:.1f}% in use, above "
+                             f"{c.gpu_mem_high_pct:.0f}%: close to out of memory"))
+        return out
+
+    def _sync(self, ms: float | None) -> list[Fired]:
+        x = self.cfg.sync_latency_ms
+        if ms is not None and x and ms > x:
+            return [Fired("sync_latency", ms, x, f"a small all-reduce took {ms:.1f} ms (> {x:.0f} ms): "
+                          f"the interconnect or a rank is slow")]
+        return []

@@ -1,0 +1,203 @@
+"""Metric trackers: where the rows of metrics.jsonl also go. One small Protocol, five implementations
+(JSONL, TensorBoard, CSV, W&B, MLflow), and `build_tracker` that turns a `monitor.trackers` entry into one.
+
+A tracker of your own is any object with `log(row)` and `close()`; name it in the config as
+"pkg.module:factory", where `factory(run_dir, start_step) -> Tracker`.
+Rank 0 only: MetricsLogger builds trackers on the main process alone.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+from turbotrain.errors import UserError
+from turbotrain.log import say
+
+BUILTIN = ("jsonl", "tensorboard", "csv", "wandb", "mlflow")
+
+
+class Tracker(Protocol):
+    """A sink for metric rows: `{"step": int, "loss": float, ...}`, one per logged step (eval rows too)."""
+
+    def log(self, row: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """The row's finite numbers other than the step (what scalar dashboards can plot)."""
+    return {k: float(v) for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class JsonlTracker:
+    """metrics.jsonl: one JSON object per row, full float precision (the run's record; always on)."""
+
+    def __init__(self, run_dir: Path):
+        from turbotrain.rundir import open_run_file
+
+        self.f = open_run_file(run_dir / "metrics.jsonl", "a")
+
+    def log(self, row: dict) -> None:
+        self.f.write(json.dumps(row) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class TensorBoardTracker:
+    """tb/: scalars by step. On resume the events of the redone steps (after the checkpoint) are purged."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.w = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, row: dict) -> None:
+        for k, v in scalars(row).items():
+            self.w.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        self.w.close()
+
+
+class CsvTracker:
+    """metrics.csv: one line per row, a column per key seen so far. A row that brings a new key (the first eval
+    row, GPU readings) rewrites the file once with the wider header; on resume the rows after the checkpoint go."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0):
+        self.path, self.fields, self.rows = run_dir / "metrics.csv", ["step"], []
+        if start_step and self.path.is_file() and not self.path.is_symlink():
+            with open(self.path, newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
+            self.fields = list(dict.fromkeys(k for r in self.rows for k in r)) or ["step"]
+        self._rewrite()
+
+    def log(self, row: dict) -> None:
+        new = [k for k in row if k not in self.fields]
+        self.rows.append(row)
+        if new:
+            self.fields += new
+            self._rewrite()
+        else:
+            self._writer().writerow(row)
+            self.f.flush()
+
+    def _writer(self) -> csv.DictWriter:
+        return csv.DictWriter(self.f, self.fields, restval="", extrasaction="ignore")
+
+    def _rewrite(self) -> None:
+        from turbotrain.rundir import open_run_file, write_run_file
+
+        if hasattr(self, "f"):
+            self.f.close()
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, self.fields, restval="", extrasaction="ignore")
+        w.writeheader()
+        w.writerows(self.rows)
+        write_run_file(self.path, buf.getvalue())  # atomic: a crash mid-rewrite keeps the old file
+        self.f = open_run_file(self.path, "a")
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class WandbTracker:
+    """Weights & Biases: one W&B run per start of the process (a resume starts a new W&B run, tagged with the
+    step it resumed from, so no step is drawn twice). Its local files go to {run_dir}/wandb; WANDB_MODE=offline
+    keeps them there (`wandb sync` uploads them later). Project: $WANDB_PROJECT, else "turbotrain"."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0):
+        wandb = _import("wandb")
+        (run_dir / "wandb").mkdir(exist_ok=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "turbotrain"), name=run_dir.name,
+                              dir=str(run_dir), config={"run_dir": str(run_dir), "resumed_from": start_step},
+                              reinit="create_new", settings=wandb.Settings(console="off"))  # our console stays ours
+
+    def log(self, row: dict) -> None:
+        self.run.log(scalars(row), step=row["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    """MLflow: one MLflow run per start of the process (like W&B) in the experiment "turbotrain" (or
+    $MLFLOW_EXPERIMENT_NAME), logged to $MLFLOW_TRACKING_URI, else to a store in {run_dir}/mlflow: SQLite
+    where SQLAlchemy is installed (full mlflow), else MLflow's file store (mlflow-skinny; MLflow >= 3.7 wants
+    MLFLOW_ALLOW_FILE_STORE=true for it). Uses a client of its own: the global MLflow state is left alone."""
+
+    def __init__(self, run_dir: Path, start_step: int = 0):
+        _import("mlflow")
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or _local_store(run_dir / "mlflow")
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "turbotrain")
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(name)
+        except Exception as e:  # noqa: BLE001 - MlflowException and the store's own errors: one line, no traceback
+            reason = str(e).split(". ")[0].splitlines()[0]
+            raise UserError(f"monitor.trackers mlflow: cannot open the tracking store {uri} ({reason}); set "
+                            f"MLFLOW_TRACKING_URI, or MLFLOW_ALLOW_FILE_STORE=true for a file store") from None
+        exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(exp_id, run_name=run_dir.name,
+                                             tags={"turbotrain.resumed_from": str(start_step)}).info.run_id
+
+    def log(self, row: dict) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, row["step"]) for k, v in scalars(row).items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _local_store(folder: Path) -> str:
+    import importlib.util
+
+    folder.mkdir(exist_ok=True)
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        return f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+    return folder.resolve().as_uri()
+
+
+def _import(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise UserError(f"monitor.trackers names {name!r} but {name} is not installed: pip install {name} "
+                        f"(or turbotrain[trackers]), or remove it from monitor.trackers") from None
+
+
+def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tracker | None:
+    """One tracker from a `monitor.trackers` entry: a built-in name, "pkg.module:factory", or a Tracker object
+    (Python API). None when an optional sink is unavailable (TensorBoard not installed: said once)."""
+    if not isinstance(spec, str):
+        return spec
+    if spec == "jsonl":
+        return JsonlTracker(run_dir)
+    if spec == "tensorboard":
+        try:
+            return TensorBoardTracker(run_dir, start_step)
+        except ImportError:
+            say("monitor: tensorboard is not installed; no TensorBoard events")
+            return None
+    if spec in ("csv", "wandb", "mlflow"):
+        return {"csv": CsvTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}[spec](run_dir, start_step)
+    if ":" in spec:
+        from turbotrain.plugins import load_object
+
+        return load_object(spec, "monitor.trackers")(run_dir, start_step)
+    raise UserError(f"monitor.trackers: unknown tracker {spec!r}; expected one of {', '.join(BUILTIN)} or "
+                    f"\"pkg.module:factory\"")

@@ -1,0 +1,64 @@
+"""The hung-step watchdog: a thread that fails the run when no step completes for `timeout_s`.
+
+The loop only stores a host clock reading per step (`beat`, no device work). When the beats stop, the
+watchdog hands every thread's stack to `on_hang` — which raises the `hung_step` alert and ends the process:
+a rank stuck in a blocking read or a collective cannot be unwound from another thread, and torchrun only
+tears a job down once one of its ranks exits.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+FIRST_STEP_FACTOR = 5  # the first step compiles and starts the data workers: it gets 5x the timeout
+
+
+def thread_stacks() -> str:
+    """Every thread's Python stack, the main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sorted(sys._current_frames().items(), key=lambda kv: kv[0] != threading.main_thread().ident)
+    parts = []
+    for ident, frame in frames:
+        if ident == threading.get_ident():
+            continue  # the watchdog itself
+        parts.append(f"Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)).rstrip())
+    return "\n\n".join(parts)
+
+
+class Watchdog:
+    """Usage: `w = Watchdog(30, on_hang); ...; w.beat(step)` after each step; `w.stop()` at the end.
+    `on_hang(seconds_since_last_step, last_step, stacks)` runs once, on the watchdog's thread."""
+
+    def __init__(self, timeout_s: float, on_hang: Callable[[float, int, str], None], start_step: int = 0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.timeout_s, self.on_hang, self.clock = timeout_s, on_hang, clock
+        self.last_t, self.last_step, self.first = clock(), start_step, True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="turbotrain-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self, step: int) -> None:
+        """A step completed (or a long non-step phase — eval, a save — ended): host values only."""
+        self.last_t, self.last_step, self.first = self.clock(), step, False
+
+    def overdue(self) -> float | None:
+        """Seconds since the last beat when past the deadline, else None."""
+        since = self.clock() - self.last_t
+        limit = self.timeout_s * (FIRST_STEP_FACTOR if self.first else 1)
+        return since if since > limit else None
+
+    def _watch(self) -> None:
+        tick = min(1.0, self.timeout_s / 4)
+        while not self._stop.wait(tick):
+            since = self.overdue()
+            if since is not None:
+                self.on_hang(since, self.last_step, thread_stacks())
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)

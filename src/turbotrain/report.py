@@ -1,0 +1,170 @@
+"""`turbotrain report RUN_DIR`: a PNG and a markdown report of a run, from its files alone.
+
+Usage:
+    turbotrain report runs/gpt-shakespeare        # → report.png, report.md in the run directory
+    from turbotrain.report import write_report; write_report("runs/x")
+
+Panels (always all six; a panel without data says why): loss and val loss, throughput, MFU, memory,
+GPU utilisation and temperature, data wait — over steps, with the alerts of alerts.jsonl marked on each.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turbotrain.errors import UserError
+
+PANELS = ("loss", "throughput", "mfu", "memory", "gpu", "data wait")
+
+
+@dataclass
+class RunFiles:
+    """What a run directory holds, read leniently: a running run's last line may be cut short."""
+
+    path: Path
+    rows: list[dict] = field(default_factory=list)  # metrics.jsonl, in order
+    alerts: list[dict] = field(default_factory=list)  # alerts.jsonl
+    summary: dict | None = None  # summary.json, once the run finished
+    profile: dict | None = None  # profile/report.json, where `turbotrain profile` ran
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of a metric, finite values only."""
+        pts = [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))
+               and not isinstance(r.get(key), bool) and math.isfinite(r[key]) and "step" in r]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    @property
+    def exposed_comm_share(self) -> float | None:
+        return ((self.profile or {}).get("breakdown_share") or {}).get("exposed_comm")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def load_run(run_dir: str | Path) -> RunFiles:
+    path = Path(run_dir)
+    if not (path / "metrics.jsonl").is_file():
+        raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
+    return RunFiles(path, _jsonl(path / "metrics.jsonl"), _jsonl(path / "alerts.jsonl"),
+                    _json(path / "summary.json"), _json(path / "profile" / "report.json"))
+
+
+def _plot(ax, run: RunFiles, keys: list[tuple[str, str]], title: str, ylabel: str, why_empty: str,
+          scale: float = 1.0) -> None:
+    drawn = False
+    for key, label in keys:
+        xs, ys = run.series(key)
+        if xs:
+            ax.plot(xs, [y * scale for y in ys], marker="." if len(xs) < 30 else None, label=label)
+            drawn = True
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if not drawn:
+        ax.text(0.5, 0.5, why_empty, ha="center", va="center", transform=ax.transAxes, color="gray")
+    elif len(keys) > 1:
+        ax.legend(fontsize=7)
+    steps = [r["step"] for r in run.rows if isinstance(r.get("step"), (int, float))]
+    if steps and max(steps) > min(steps):
+        ax.set_xlim(min(steps), max(steps))
+    for a in run.alerts:  # alerts on the timeline
+        if isinstance(a.get("step"), (int, float)):
+            ax.axvline(a["step"], color="crimson", alpha=0.35, lw=1)
+
+
+def _gpu_panel(ax, run: RunFiles) -> None:
+    _plot(ax, run, [("gpu_util_pct", "util %")], "GPU utilisation / temperature", "util %",
+          "no NVML readings (CPU run or no driver)")
+    xs, ys = run.series("gpu_temp_c")
+    if xs:
+        ax2 = ax.twinx()
+        ax2.plot(xs, ys, color="tab:red", ls="--", label="temp °C")
+        ax2.set_ylabel("°C")
+
+
+def render_png(run: RunFiles, path: Path) -> list[str]:
+    """Draw the six panels into `path`; returns the panel titles (also in the PNG's Description)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 2, figsize=(12, 10))
+    a = axes.ravel()
+    _plot(a[0], run, [("loss", "loss"), ("val_loss", "val loss")], "loss", "loss", "no loss logged")
+    rate_key = "tokens_per_s" if run.series("tokens_per_s")[0] else "samples_per_s"
+    _plot(a[1], run, [(rate_key, rate_key)], "throughput", rate_key.replace("_per_s", "/s"), "no throughput logged")
+    _plot(a[2], run, [("mfu", "MFU")], "MFU", "%", "MFU unknown (no peak FLOP/s for this device)", scale=100)
+    _plot(a[3], run, [("peak_mem_gib", "peak allocated"), ("gpu_mem_used_gib", "device used (NVML)")],
+          "memory", "GiB", "no memory logged")
+    _gpu_panel(a[4], run)
+    _plot(a[5], run, [("data_wait_pct", "data wait")], "data wait", "% of step time", "no data wait logged")
+    rules = sorted({x.get("rule", "?") for x in run.alerts})
+    fig.suptitle(f"{run.path.name}: {len(run.rows)} log rows, {len(run.alerts)} alert(s)"
+                 + (f" ({', '.join(rules)})" if rules else "") + " — red lines: alerts")
+    fig.tight_layout()
+    titles = [ax.get_title() for ax in a]
+    fig.savefig(path, dpi=90, metadata={"Title": f"turbotrain report: {run.path.name}",
+                                        "Description": "panels: " + "; ".join(titles)})
+    plt.close(fig)
+    return titles
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "–" if v is None else str(v)
+
+
+def render_markdown(run: RunFiles, png_name: str) -> str:
+    s, last = run.summary or {}, next((r for r in reversed(run.rows) if "loss" in r), {})
+    lines = [f"# Run report: {run.path.name}", "", f"![panels]({png_name})", "",
+             "| figure | value |", "|---|---|",
+             f"| state | {'finished' if run.summary else 'running or stopped (no summary.json)'} |",
+             f"| last step | {_fmt(last.get('step'))} |", f"| final loss | {_fmt(s.get('final_loss', last.get('loss')))} |",
+             f"| val loss | {_fmt(s.get('val_loss'))} |", f"| samples/s (timed region) | {_fmt(s.get('samples_per_s'))} |",
+             f"| tokens/s | {_fmt(s.get('tokens_per_s'))} |", f"| MFU | {_fmt(s.get('mfu'))} |",
+             f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
+             f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
+             f"| exposed communication share (profile) | {_fmt(run.exposed_comm_share)} |", "",
+             f"## Alerts ({len(run.alerts)})", ""]
+    if run.alerts:
+        lines += ["| step | rank | rule | value | threshold | message |", "|---|---|---|---|---|---|"]
+        for a in run.alerts:
+            msg = str(a.get("message", "")).split("\n", 1)[0].replace("|", "\\|")
+            lines.append(f"| {_fmt(a.get('step'))} | {_fmt(a.get('rank'))} | {a.get('rule')} | {_fmt(a.get('value'))} "
+                         f"| {_fmt(a.get('threshold'))} | {msg} |")
+    else:
+        lines.append("No alerts.")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: str | Path) -> tuple[Path, Path]:
+    """Write report.png and report.md into the run directory; returns their paths."""
+    from turbotrain.rundir import write_run_file
+
+    run = load_run(run_dir)
+    png, md = run.path / "report.png", run.path / "report.md"
+    render_png(run, png)
+    write_run_file(md, render_markdown(run, png.name))
+    return png, md

@@ -1,0 +1,351 @@
+"""`turbotrain tune`: the fastest configuration that fits, for the user's own model, measured.
+
+Short trials, each a fresh `turbotrain train` process through bench's runner (warm-up and compile outside
+the timed window: summary.json's samples_per_s), over the dimensions of `tune_space` in the order of their
+expected gain on the device. The search keeps the best so far and builds each candidate on top of it; it
+prunes what cannot win (a micro-batch the memory estimate says will not fit, a policy that does more of
+what was already slower, more workers past the fastest count) and stops at the budget, killing a trial
+that would overrun it. A trial that fails (out of memory, compile error, bad combination) is a recorded
+result. The finalists are re-run and compared by their median. No candidate changes the math: same global
+batch, LR, schedule and model; fp16 only where bf16 is missing or allowed.
+
+Usage: `turbotrain tune my.toml --budget-min 10` → {out_dir}/{name}/tune/{tuned.toml,tune.json,tune.md,tune.png}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from turbotrain.config import DEFAULT_PRESET, load_config
+from turbotrain.errors import UserError
+from turbotrain.log import say
+from turbotrain.tune_space import COMPILE_GUESS_S, Candidate, Ctx, Dimension, dimensions, probe_workload
+
+TRIAL_STEPS = 40  # 3 warm-up steps (compile) + 37 timed
+TRIAL_FIXED = ["train.eval_every=0", "data.eval_batches=0", "checkpoint.every=0", 'checkpoint.resume="never"',
+               "train.log_every=10", 'monitor.trackers=["jsonl"]']
+MIN_GAIN = 0.01  # a trial replaces the best so far only when faster by more than this
+FINAL_GAIN = 0.02  # the winner must beat the input config's median by more than this, or nothing changes
+
+Runner = Callable[[str, dict, float, str], dict]  # (name, changes, timeout_s, what) -> outcome
+
+
+def literal(key: str, value: Any) -> str:
+    """`data.num_workers=4` as a KEY=VALUE override (a TOML literal)."""
+    text = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+    return f"{key}={text}"
+
+
+class Budget:
+    """Wall-clock budget of the whole tune, counted from the process's start (imports included) and less
+    the time the report takes to write; the search stops `reserve_s` early for the finalists."""
+
+    WRITE_S = 5.0
+
+    def __init__(self, minutes: float):
+        self.total_s, self.reserve_s = minutes * 60, 0.0
+        self.t0 = time.perf_counter() - _process_age()
+
+    def left(self) -> float:
+        return self.total_s - self.WRITE_S - (time.perf_counter() - self.t0)
+
+    def left_for_search(self) -> float:
+        return self.left() - self.reserve_s
+
+    def bar(self, width: int = 20) -> str:
+        used = min(1.0, max(0.0, 1 - self.left() / self.total_s))
+        return "[" + "#" * round(used * width) + "·" * (width - round(used * width)) + "]"
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0 elsewhere)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class TrialRunner:
+    """One trial = `turbotrain train CONFIG OVERRIDES CHANGES` in a fresh process (through torchrun at
+    `nproc` processes), `steps` steps, under `{tune_dir}/trials/NAME`."""
+
+    def __init__(self, config: str | None, overrides: list[str], tune_dir: Path, nproc: int = 1):
+        self.config, self.overrides, self.nproc = config, overrides, nproc
+        self.dir = tune_dir / "trials"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, name: str, changes: dict, timeout_s: float, what: str, steps: int = TRIAL_STEPS,
+                 fixed: list[str] = TRIAL_FIXED) -> dict:
+        from turbotrain.bench import _run
+
+        args = ["turbotrain", "train", *([self.config] if self.config else []), *self.overrides,
+                *(literal(k, v) for k, v in changes.items()), *fixed, f"train.steps={steps}",
+                f"run.out_dir={json.dumps(str(self.dir))}", f"run.name={json.dumps(name)}"]
+        if self.nproc > 1:
+            args = ["torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}", "-m", *args]
+        t0 = time.perf_counter()
+        rc = _run(args, self.dir / f"{name}.log", what, self.dir / name, steps, timeout_s=timeout_s)
+        return outcome(rc, self.dir / f"{name}.log", self.dir / name / "summary.json", time.perf_counter() - t0)
+
+
+def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
+    """A trial's status (ok / oom / error / timeout), its reason and its measured figures."""
+    out: dict[str, Any] = {"wall_s": round(wall_s, 2)}
+    if rc == 0 and summary.is_file():
+        s = json.loads(summary.read_text())
+        out.update({k: s.get(k) for k in ("samples_per_s", "tokens_per_s", "peak_mem_gib", "compile_s", "dtype",
+                                          "final_loss", "val_loss", "val_acc", "device_name", "global_batch")})
+        if s.get("compile_fell_back"):
+            return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
+        return {**out, "status": "ok" if s.get("samples_per_s") else "error",
+                "reason": None if s.get("samples_per_s") else "no timed steps"}
+    if rc == 124:
+        return {**out, "status": "timeout", "reason": "killed at the end of the budget"}
+    reason = _failure(log) or f"exit {rc}"
+    status = "oom" if "out of memory" in reason.lower() else "error"
+    return {**out, "status": status, "reason": f"exit {rc}: {reason}"}
+
+
+def _failure(log: Path) -> str:
+    """The trial's own `error:` line, else its last lines (a traceback's exception)."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    errors = [ln.split("error: ", 1)[1] for ln in lines if "error: " in ln]
+    return (errors[-1] if errors else " | ".join(lines[-2:]))[:300]
+
+
+class Search:
+    """Best-so-far search over the dimensions; every trial (run or pruned) is recorded in `trials`."""
+
+    def __init__(self, ctx: Ctx, run: Runner, budget: Budget):
+        self.ctx, self.run, self.budget = ctx, run, budget
+        self.trials: list[dict] = []
+        self.best: dict | None = None  # the fastest trial so far
+        self.trial_s = 120.0  # a trial's expected wall time, from the baseline once it ran
+        self.compile_s: float | None = None
+
+    def baseline(self) -> dict:
+        """The input config as given: the reference, the probe step of the memory estimate, and the
+        expected wall time of a trial."""
+        base = self.trial("baseline", Candidate("input config", {}))
+        if base["status"] in ("ok", "oom"):
+            self.trial_s = base["wall_s"]
+        return base
+
+    def explore(self, dims: list[Dimension]) -> None:
+        """Two passes: the most promising candidate of every dimension first (so a short budget still
+        measures each dimension once), then the rest of each, rebuilt on top of the best so far."""
+        for first_only in (True, False):
+            for dim in dims:
+                prev = None
+                for cand in dim.build(self.ctx)[:1 if first_only else None]:
+                    done = self._tried({**self.ctx.best, **cand.changes})
+                    t = done if done is not None else self.trial(dim.name, cand)
+                    rate = t.get("samples_per_s")
+                    if dim.monotone and rate and prev and rate < prev:
+                        break  # ordered candidates past their best: the rest cannot win
+                    prev = rate or prev
+
+    def _tried(self, config: dict) -> dict | None:
+        """The trial that already ran (or was pruned for memory) with exactly this configuration."""
+        key = _key(config)
+        return next((t for t in self.trials if _key(t["config"]) == key and not
+                     (t["status"] == "skipped" and t["reason"].startswith("budget"))), None)
+
+    def trial(self, dimension: str, cand: Candidate) -> dict:
+        config = {**self.ctx.best, **cand.changes}
+        t = {"id": f"t{len(self.trials):02d}", "dimension": dimension, "label": cand.label, "tried": cand.changes,
+             "config": config, "est_mem_gib": cand.est_mem_gib}
+        self.trials.append(t)
+        skip = cand.skip or self._pruned(cand) or self._over_budget(cand)
+        if skip:
+            t.update(status="skipped", reason=skip)
+            say(f"tune: skipped {cand.label}: {skip}")
+            return t
+        n = sum(1 for x in self.trials if x.get("status") != "skipped")
+        left = self.budget.left()
+        say(f"tune {self.budget.bar()} trial {n} · {left / 60:.1f} min of budget left · {dimension}: {cand.label}")
+        t.update(self.run(f"{t['id']}-{_slug(cand.label)}", config, left, f"tune: trial {n} ({cand.label})"))
+        self._learn(t, cand)
+        say(f"tune: {cand.label}: " + (f"{t['samples_per_s']:,.1f} samples/s, {t['status']}"
+                                       if t.get("samples_per_s") else f"{t['status']} ({t['reason']})"))
+        return t
+
+    def _pruned(self, cand: Candidate) -> str | None:
+        if cand.unless_slower and self.ctx.best_fits:
+            if any(x["label"] == cand.unless_slower and x["status"] == "slower" for x in self.trials):
+                return f"cannot win: {cand.unless_slower} (less recompute) was already slower"
+        return None
+
+    def _over_budget(self, cand: Candidate) -> str | None:
+        if not cand.changes:
+            return None  # the baseline always runs (until the budget's end)
+        need = self.trial_s
+        if cand.compile:
+            guess = self.compile_s or COMPILE_GUESS_S["cuda" if self.ctx.probe.on_gpu else "cpu"]
+            need += guess * (3 if "autotune" in cand.label else 1)
+        left = self.budget.left_for_search()
+        return f"budget: needs ~{need:.0f} s, {max(0.0, left):.0f} s left for the search" if need > left else None
+
+    def _learn(self, t: dict, cand: Candidate) -> None:
+        """Keep the trial if it beats the best so far; learn the memory per sample from it."""
+        ctx, rate = self.ctx, t.get("samples_per_s")
+        micro, ckpt = ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
+        micro, ckpt = t["config"].get("data.batch_size", micro), t["config"].get("memory.activation_checkpointing", ckpt)
+        if t["status"] == "oom":
+            ctx.learn_memory(None, micro, ckpt, oom=True)
+        if cand.compile and t.get("compile_s"):
+            self.compile_s = max(self.compile_s or 0.0, t["compile_s"])
+        if t["status"] != "ok":
+            return
+        if self.best is not None and rate <= self.best["samples_per_s"] * (1 + MIN_GAIN):
+            t["status"] = "slower"
+            return
+        if self.best is not None:
+            t["gain"] = rate / self.best["samples_per_s"]  # over the best before it: its measured effect
+        self.best, ctx.best, ctx.best_fits = t, dict(t["config"]), True
+        ctx.learn_memory(t.get("peak_mem_gib") if ctx.probe.on_gpu else None, micro, ckpt, oom=False)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40]
+
+
+def _key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def finalists(search: Search, repeats: int, budget: Budget, run: Runner) -> list[dict]:
+    """The input config and the two fastest other configurations, re-run `repeats` times in rounds (so a
+    drifting machine moves them alike) while the budget allows; each ranked by its median."""
+    ok = sorted((t for t in search.trials if t.get("samples_per_s") and t["status"] in ("ok", "slower")),
+                key=lambda t: -t["samples_per_s"])
+    picked: dict[str, dict] = {}
+    for t in [*(x for x in ok if not x["config"]), *ok]:
+        if _key(t["config"]) not in picked and (len(picked) < 3):
+            picked[_key(t["config"])] = {"id": t["id"], "label": t["label"], "config": t["config"],
+                                         "rates": [t["samples_per_s"]], "trial": t}
+    fins = list(picked.values())
+    for r in range(repeats if len(fins) > 1 else 0):
+        for f in fins:
+            if budget.left() < f["trial"]["wall_s"] * 1.2:
+                say("tune: budget spent; finalists compared on the runs so far")
+                return _rank(fins)
+            say(f"tune {budget.bar()} finalist {f['label']}, repeat {r + 1}/{repeats} · "
+                f"{budget.left() / 60:.1f} min left")
+            res = run(f"{f['id']}-r{r + 1}", f["config"], budget.left(), f"tune: finalist {f['label']} ({r + 1}/{repeats})")
+            if res.get("samples_per_s"):
+                f["rates"].append(res["samples_per_s"])
+    return _rank(fins)
+
+
+def _rank(fins: list[dict]) -> list[dict]:
+    for f in fins:
+        f["median_samples_per_s"] = statistics.median(f["rates"])
+        f.pop("trial", None)
+    return sorted(fins, key=lambda f: -f["median_samples_per_s"])
+
+
+def choose(fins: list[dict]) -> tuple[dict | None, dict | None]:
+    """(winner, baseline finalist): the fastest median, unless it beats the input config by noise only."""
+    base = next((f for f in fins if not f["config"]), None)
+    if not fins:
+        return None, base
+    top = fins[0]
+    if base is not None and top is not base and top["median_samples_per_s"] < base["median_samples_per_s"] * (1 + FINAL_GAIN):
+        return base, base
+    return top, base
+
+
+def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int, budget: Budget,
+                   run: Runner) -> tuple[dict, dict]:
+    """Train the input config and the winner for the config's own steps with evaluation and apply bench's
+    parity rule; if parity is missed, the fastest finalist that keeps the input's precision wins instead."""
+    from turbotrain.bench import _judge, _row
+
+    if base is None or winner is base:
+        return winner, {"checked": False, "why": "the winner is the input config"}
+    rows = []
+    for name, f in (("baseline", base), ("winner", winner)):
+        if budget.left() <= 0:
+            return winner, {"checked": False, "why": "no budget left; run turbotrain bench ... --converge"}
+        fixed = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers=["jsonl"]']
+        res = run(f"converge-{name}", f["config"], budget.left(), f"tune: convergence check, {name}", steps, fixed)
+        rows.append(_row(name, [res] if res["status"] == "ok" else [{"error": res.get("reason")}], []))
+    _judge(rows, converge=True)
+    verdict = rows[1].get("verdict", rows[1].get("error", ""))
+    info = {"checked": True, "verdict": verdict, "baseline_val_loss": rows[0].get("val_loss"),
+            "winner_val_loss": rows[1].get("val_loss"), "winner_val_acc": rows[1].get("val_acc")}
+    if "parity held" in verdict:
+        return winner, info
+    safe = next((f for f in fins if "precision.dtype" not in f["config"]), base)
+    say(f"tune: convergence parity missed by {winner['label']} ({verdict}); keeping {safe['label']}")
+    return safe, {**info, "replaced_by": safe["label"]}
+
+
+def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0, repeats: int = 2,
+             converge: bool = False, nproc: int = 1, allow_fp16: bool = False) -> dict:
+    """Search, pick, write the four files; returns tune.json's content."""
+    from turbotrain.tune_report import write_outputs
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("tune launches every trial itself through torchrun: run it once, not under torchrun: "
+                        f"turbotrain tune {config or ''} ... --nproc {os.environ['WORLD_SIZE']}".replace("  ", " "))
+    budget = Budget(budget_min)
+    cfg = load_config(config, overrides)  # a bad CONFIG or KEY=VALUE: one error line before anything runs
+    if converge and cfg.data.name == "synthetic":
+        raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
+    tune_dir = Path(cfg.run.out_dir) / cfg.run.name / "tune"
+    say(f"tune: probing {config or DEFAULT_PRESET} (data and model on the CPU) …")
+    probe, eff = probe_workload(cfg, nproc)
+    run = TrialRunner(config, overrides, tune_dir, nproc)
+    ctx = Ctx(probe, eff, allow_fp16=allow_fp16, best_fits=False)
+    search = Search(ctx, run, budget)
+    dims = dimensions(probe)
+    search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
+    budget.reserve_s = search.trial_s * (3 * repeats + (2 * cfg.train.steps / TRIAL_STEPS if converge else 0))
+    search.explore(dims)
+    fins = finalists(search, repeats, budget, run)
+    winner, base = choose(fins)
+    conv = None
+    if converge and winner is not None:
+        winner, conv = converge_check(winner, base, fins, cfg.train.steps, budget, run)
+    result = _result(config, overrides, cfg, eff, probe, search, fins, winner, base, conv, budget, repeats, nproc)
+    write_outputs(tune_dir, result)
+    return result
+
+
+def _result(config, overrides, cfg, cfg_eff, probe, search, fins, winner, base, conv, budget, repeats,
+            nproc) -> dict:
+    base_rate = base["median_samples_per_s"] if base else None
+    for t in search.trials:
+        if t.get("samples_per_s") and base_rate:
+            t["speedup"] = t["samples_per_s"] / base_rate
+    w, input_value = None, Ctx(probe, cfg_eff).value
+    if winner is not None:  # only the keys whose value differs from the input's effective one
+        changes = {k: v for k, v in winner["config"].items() if input_value(k) != v}
+        w = {"label": winner["label"], "trial": winner["id"], "changes": changes,
+             "samples_per_s": winner["median_samples_per_s"],
+             "speedup": winner["median_samples_per_s"] / base_rate if base_rate else None}
+        trial = next(t for t in search.trials if t["id"] == winner["id"])
+        w["tokens_per_s"] = (trial["tokens_per_s"] / trial["samples_per_s"] * w["samples_per_s"]
+                             if trial.get("tokens_per_s") else None)
+        w["peak_mem_gib"] = trial.get("peak_mem_gib")
+    device = next((t["device_name"] for t in search.trials if t.get("device_name")), "unknown")
+    return {"config": config or DEFAULT_PRESET, "overrides": overrides, "run_name": cfg.run.name,
+            "device": device, "torch": torch.__version__, "world_size": nproc, "budget_min": budget.total_s / 60,
+            "elapsed_min": (budget.total_s - budget.left()) / 60, "repeats": repeats, "trial_steps": TRIAL_STEPS,
+            "probe": dict(vars(probe)), "baseline": next((t for t in search.trials if t["id"] == "t00"), None),
+            "baseline_median_samples_per_s": base_rate, "trials": search.trials, "finalists": fins,
+            "winner": w, "converge": conv, "python": sys.executable}

@@ -1,0 +1,145 @@
+"""`tune`'s four files: `tuned.toml` (extends the input config, only the changed keys, each with its
+measured effect), `tune.json`, `tune.md` (the table) and `tune.png` (throughput vs peak memory).
+
+Usage: `write_outputs(Path("runs/NAME/tune"), result)` with the dict `tune.run_tune` builds.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from turbotrain.config import _toml_key, _toml_value, apply_override, config_path
+from turbotrain.files import write_report
+from turbotrain.log import say
+
+
+def write_outputs(tune_dir: Path, result: dict) -> None:
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    tuned = tune_dir / "tuned.toml"
+    tuned.write_text(tuned_toml(result))
+    result["tuned_toml"] = str(tuned)
+    launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
+                if result["world_size"] > 1 else "turbotrain")
+    result["command"] = f"{launcher} train {tuned}"
+    plot(result, tune_dir / "tune.png")
+    write_report(tune_dir, "tune", result, format_table(result))
+    say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
+    say(f"tune: train with the result: {result['command']}")
+
+
+def _extends(config: str) -> str:
+    path = config_path(config)
+    return str(path.resolve()) if path is not None else config  # a preset by name, a file by absolute path
+
+
+def _effects(result: dict) -> dict[str, str]:
+    """Each changed key → the measured effect of the trial that brought it in."""
+    out = {}
+    for t in result["trials"]:
+        if t["status"] != "ok" or not t["tried"]:
+            continue
+        effect = f"{t['gain']:.2f}x over the best before it" if t.get("gain") else "first configuration that ran"
+        for key, value in t["tried"].items():
+            out[(key, _toml_value(value))] = f"{t['label']}: {effect} ({t['id']}, {t['samples_per_s']:,.1f} samples/s)"
+    return out
+
+
+def tuned_toml(result: dict) -> str:
+    """The input config (its file or preset, plus the command line's overrides) and the winner's changes."""
+    w = result["winner"]
+    raw: dict = {}
+    for item in result["overrides"]:
+        if not item.split("=", 1)[0].strip().startswith("run.name"):
+            apply_override(raw, item)
+    raw.setdefault("run", {})["name"] = f"{result['run_name']}-tuned"
+    comments = {"run.name": "its own run directory, beside the input config's"}
+    changes = w["changes"] if w else {}
+    effects = _effects(result)
+    for key, value in changes.items():
+        section, name = key.split(".", 1)
+        raw.setdefault(section, {})[name] = value
+        comments[key] = effects.get((key, _toml_value(value)), f"part of {w['label']}, the finalists' fastest median")
+    if w is None:
+        head = "no configuration ran: the input config is kept unchanged"
+    elif not changes:
+        head = "nothing measured faster than the input config beyond noise: it is kept unchanged"
+    else:
+        speed = f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup") else "the input config did not run"
+        head = f"{speed} (median of the finalists' runs, {w['samples_per_s']:,.1f} samples/s)"
+    lines = [f"# turbotrain tune, {time.strftime('%Y-%m-%d %H:%M')}, {result['device']}, torch {result['torch']}:",
+             f"# {head}.", "# Only the changed keys; each comment is the measured effect of the trial that chose it.",
+             f"extends = {_toml_value(_extends(result['config']))}", ""]
+    _tables(lines, "", raw, comments)
+    return "\n".join(lines) + "\n"
+
+
+def _tables(lines: list[str], prefix: str, table: dict, comments: dict[str, str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if scalars and prefix:
+        lines.append(f"[{prefix}]")
+        for k, v in scalars.items():
+            note = comments.get(f"{prefix}.{k}")
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}" + (f"  # {note}" if note else ""))
+        lines.append("")
+    for k, v in table.items():
+        if isinstance(v, dict):
+            _tables(lines, f"{prefix}.{_toml_key(k)}" if prefix else _toml_key(k), v, comments)
+
+
+def _f(v, fmt: str) -> str:
+    return format(v, fmt) if v is not None else "—"
+
+
+def format_table(result: dict) -> str:
+    w = result["winner"]
+    unit = "tok/s" if any(t.get("tokens_per_s") for t in result["trials"]) else "samples/s"
+    lines = [f"Device: {result['device']}, torch {result['torch']}, world size {result['world_size']}, "
+             f"{result['trial_steps']} steps a trial, {result['elapsed_min']:.1f} of {result['budget_min']:g} min",
+             "", f"| trial | dimension | tried | {unit} | x input | peak GiB | compile s | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in result["trials"]:
+        rate = t.get("tokens_per_s") or t.get("samples_per_s")
+        tried = ", ".join(f"{k}={_toml_value(v)}" for k, v in t["tried"].items()) or "(input config)"
+        status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
+        lines.append(f"| {t['id']} | {t['dimension']} | {tried} | {_f(rate, ',.1f')} | {_f(t.get('speedup'), '.2f')} | "
+                     f"{_f(t.get('peak_mem_gib'), '.2f')} | {_f(t.get('compile_s'), '.1f')} | {status[:120]} |")
+    lines += ["", "| finalist | runs (samples/s) | median |", "|---|---|---|"]
+    for f in result["finalists"]:
+        lines.append(f"| {f['label']} ({f['id']}) | {', '.join(f'{r:,.1f}' for r in f['rates'])} | "
+                     f"{f['median_samples_per_s']:,.1f} |")
+    if w is not None:
+        lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config; "
+                     f"changes: {', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
+    if result.get("converge"):
+        lines.append(f"\nConvergence check: {result['converge']}")
+    lines.append(f"\nTrain with: `{result.get('command', '')}`")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tok = any(t.get("tokens_per_s") for t in result["trials"])
+    colors = {"ok": "tab:green", "slower": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for t in result["trials"]:
+        rate = t.get("tokens_per_s") if tok else t.get("samples_per_s")
+        if rate is None or t.get("peak_mem_gib") is None:
+            continue
+        ax.scatter(t["peak_mem_gib"], rate, color=colors.get(t["status"], "tab:red"), s=30)
+        ax.annotate(t["id"], (t["peak_mem_gib"], rate), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    w = result["winner"]
+    win = next((t for t in result["trials"] if w and t["id"] == w["trial"]), None)
+    if win is not None and win.get("peak_mem_gib") is not None:
+        ax.scatter(win["peak_mem_gib"], win.get("tokens_per_s") if tok else win["samples_per_s"], marker="*", s=300,
+                   facecolor="none", edgecolor="tab:orange", linewidth=2, label=f"winner: {w['label']}")
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("tokens/s" if tok else "samples/s")
+    ax.set_title(f"turbotrain tune — {result['config']} on {result['device']} (green: kept, gray: slower)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

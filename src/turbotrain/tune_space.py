@@ -1,0 +1,299 @@
+"""`tune`'s search space: what the model and the device are (`Probe`), and the dimensions worth measuring
+for them, in the order of their expected gain on that device.
+
+Every candidate keeps the math: the same global batch (micro-batch × accumulation), LR, schedule and model.
+A dimension is a function of the search's state (`Ctx`), so its candidates are built on top of the best
+configuration found so far and pruned with the memory estimate of the moment.
+
+Usage: `probe, eff = probe_workload(cfg, nproc=1)`, then `for dim in dimensions(probe): dim.build(ctx)`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from turbotrain.config import Config
+
+CKPT_ACT_SHARE = {"none": 1.0, "selective": 0.6, "full": 0.25}  # activation memory kept per policy (rough)
+OPT_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}  # fp32 optimizer state per parameter
+FIT_MARGIN = 0.92  # of device memory: the allocator's fragmentation and the CUDA context need the rest
+COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 60.0}  # a first compile, before any was measured
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What decides which dimensions apply: the device, the model's structure and the data path."""
+
+    on_gpu: bool
+    bf16: bool
+    world_size: int
+    strategy: str
+    has_conv: bool
+    has_blocks: bool
+    has_batchnorm: bool
+    has_attention: bool
+    in_memory: bool
+    cpus: int
+    builtin_optimizer: bool
+    static_bytes: int  # parameters + gradients + optimizer state
+    capacity_bytes: int  # device (or host) memory per process
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    changes: dict[str, Any]  # dotted key → value, relative to the input config
+    compile: bool = False  # costs a compile: budgeted apart
+    est_mem_gib: float | None = None
+    skip: str | None = None  # a reason not to run it (the memory estimate says it cannot fit)
+    unless_slower: str | None = None  # pruned when this label (doing less of the same) measured slower
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    build: Callable[["Ctx"], list[Candidate]]
+    monotone: bool = False  # ordered candidates: once one is slower than the one before, stop
+
+
+@dataclass
+class Ctx:
+    """The search's state as a dimension sees it: the probe, the effective input config, the best changes so
+    far and the activation memory per sample measured by the last trial without a memory error."""
+
+    probe: Probe
+    eff: Config
+    best: dict[str, Any] = field(default_factory=dict)
+    best_fits: bool = True  # False while nothing has run without running out of memory
+    act_bytes_per_sample: float | None = None
+    allow_fp16: bool = False
+
+    def value(self, key: str) -> Any:
+        """A key's value in the best configuration so far (effective, "auto" resolved)."""
+        if key in self.best:
+            return self.best[key]
+        section, name = key.split(".", 1)
+        return getattr(getattr(self.eff, section), name)
+
+    def differs(self, changes: dict[str, Any]) -> bool:
+        return any(self.value(k) != v for k, v in changes.items())
+
+    def estimate_gib(self, micro: int, ckpt: str) -> float | None:
+        if self.act_bytes_per_sample is None:
+            return None
+        return (self.probe.static_bytes + self.act_bytes_per_sample * micro * CKPT_ACT_SHARE[ckpt]) / 2**30
+
+    def fits(self, micro: int, ckpt: str) -> bool:
+        est = self.estimate_gib(micro, ckpt)
+        return est is None or est * 2**30 <= self.probe.capacity_bytes * FIT_MARGIN
+
+    def learn_memory(self, peak_gib: float | None, micro: int, ckpt: str, oom: bool) -> None:
+        """Activation bytes per sample from a trial's peak (the probe step); an OOM gives a lower bound."""
+        static, cap = self.probe.static_bytes, self.probe.capacity_bytes
+        if oom:
+            floor = max(0.0, cap * FIT_MARGIN - static) / (micro * CKPT_ACT_SHARE[ckpt])
+            self.act_bytes_per_sample = max(self.act_bytes_per_sample or 0.0, floor)
+        elif peak_gib:
+            self.act_bytes_per_sample = max(0.0, peak_gib * 2**30 - static) / (micro * CKPT_ACT_SHARE[ckpt])
+
+
+# ---------------------------------------------------------------- the probe
+
+def probe_workload(cfg: Config, nproc: int = 1) -> tuple[Probe, Config]:
+    """Build the data and the model on the CPU (as `train` does before moving it) and resolve the config."""
+    from turbotrain.accel.optim import OPTIMIZERS
+    from turbotrain.data.loader import build_dataset
+    from turbotrain.models import args_from_data, build_model
+    from turbotrain.resolve import facts_of, resolve
+    from turbotrain.workload import data_meta, resolve_device
+
+    device = resolve_device(cfg.run.device)
+    train_ds = build_dataset(cfg.data, "train")
+    data_args = args_from_data(cfg.model, data_meta(train_ds))
+    model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    facts = facts_of(device, model, train_ds, data_args, nproc, nproc)
+    eff = resolve(cfg, facts)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    on_gpu = device.type == "cuda"
+    probe = Probe(on_gpu=on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), world_size=nproc,
+                  strategy=eff.parallel.strategy, has_conv=facts.has_conv, has_blocks=bool(facts.block_params),
+                  has_batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+                  has_attention=on_gpu and _uses_sdpa(model, train_ds), in_memory=facts.in_memory_bytes is not None,
+                  cpus=facts.cpus, builtin_optimizer=eff.train.optimizer in OPTIMIZERS,
+                  static_bytes=n_params * (8 + OPT_STATE_BYTES.get(eff.train.optimizer, 8)),
+                  capacity_bytes=_capacity(device, nproc))
+    return probe, eff
+
+
+def _capacity(device: torch.device, nproc: int) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, nproc)
+
+
+def _uses_sdpa(model: nn.Module, ds) -> bool:
+    """Does one CPU forward of one sample call scaled_dot_product_attention (the op kernels.attention picks
+    a backend for)? A model that cannot run this way counts as no."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        hit = False
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Seen.hit = Seen.hit or func is F.scaled_dot_product_attention
+            return func(*args, **(kwargs or {}))
+
+    try:
+        x, y = ds[0]
+        with torch.no_grad(), Seen():
+            try:
+                model(x.unsqueeze(0))
+            except TypeError:  # a model that takes (x, y) and returns its loss
+                model(x.unsqueeze(0), y.unsqueeze(0))
+    except Exception:  # noqa: BLE001 - a probe only; the trials will say what is wrong
+        return False
+    return Seen.hit
+
+
+# ---------------------------------------------------------------- the dimensions
+
+def dimensions(probe: Probe) -> list[Dimension]:
+    """Dimensions in order of expected gain: on a GPU precision and compile first; on a CPU the data path
+    first (a CPU has no tensor cores, and a compile costs tens of seconds: it comes last)."""
+    dims = {"precision": Dimension("precision", _precision), "compile": Dimension("compile", _compile),
+            "memory": Dimension("micro-batch x accumulation, checkpointing", _memory),
+            "data": Dimension("data path", _data, monotone=True), "loader": Dimension("loader", _loader),
+            "optimizer": Dimension("optimizer kernel", _optimizer),
+            "channels_last": Dimension("channels_last", _channels_last),
+            "attention": Dimension("attention backend", _attention), "parallel": Dimension("parallel", _parallel),
+            "autotune": Dimension("compile max-autotune", _autotune)}
+    order = (["precision", "compile", "memory", "data", "loader", "optimizer", "channels_last", "attention",
+              "parallel", "autotune"] if probe.on_gpu else
+             ["data", "loader", "optimizer", "memory", "precision", "channels_last", "parallel", "compile"])
+    return [dims[k] for k in order]
+
+
+def _only_new(ctx: Ctx, cands: list[Candidate]) -> list[Candidate]:
+    return [c for c in cands if ctx.differs(c.changes)]
+
+
+def _precision(ctx: Ctx) -> list[Candidate]:
+    p = ctx.probe
+    if not p.on_gpu:  # CPU autocast is usually slower: one trial says so cheaply
+        return _only_new(ctx, [Candidate("bf16", {"precision.dtype": "bf16"})])
+    names = (["bf16"] if p.bf16 else []) + ["tf32"] + (["fp16"] if not p.bf16 or ctx.allow_fp16 else [])
+    return _only_new(ctx, [Candidate(n, {"precision.dtype": n}) for n in names])
+
+
+def _compile_changes(mode: str, scope: str) -> dict[str, Any]:
+    return {"compile.enabled": True, "compile.mode": mode, "compile.scope": scope}
+
+
+def _compile(ctx: Ctx) -> list[Candidate]:
+    p = ctx.probe
+    cands = [Candidate("compile", _compile_changes("default", "model"), compile=True)]
+    if p.on_gpu and p.world_size == 1:
+        cands.append(Candidate("compile + CUDA graphs", _compile_changes("reduce-overhead", "model"), compile=True))
+    if p.has_blocks:
+        cands.append(Candidate("compile per block", _compile_changes("default", "blocks"), compile=True))
+    return _only_new(ctx, cands)
+
+
+def _autotune(ctx: Ctx) -> list[Candidate]:
+    scope = ctx.value("compile.scope") if ctx.value("compile.enabled") else "model"
+    return _only_new(ctx, [Candidate("compile max-autotune-no-cudagraphs",
+                                     _compile_changes("max-autotune-no-cudagraphs", scope), compile=True)])
+
+
+def _memory(ctx: Ctx) -> list[Candidate]:
+    """Micro-batch × accumulation at the same global batch, and activation checkpointing. Larger micro-batches
+    first (fewer, fuller steps), each with the least checkpointing the estimate says fits; then the policies
+    at the current micro-batch; smaller micro-batches only where memory is the problem."""
+    p, m0, ckpt0 = ctx.probe, ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
+    per_device = m0 * ctx.value("train.grad_accum")
+    policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
+    out: list[Candidate] = []
+    micros = [] if p.has_batchnorm else [m for m in (m0 * 4, m0 * 2, m0 // 2, m0 // 4)
+                                         if m >= 1 and per_device % m == 0 and m <= per_device and m != m0]
+    for m in micros:
+        smaller = m < m0
+        if smaller and ctx.best_fits and ckpt0 == "none":
+            continue  # a smaller micro-batch only pays where it saves checkpointing or avoids running out
+        pols = ["none"] if smaller else policies[policies.index(ckpt0):]
+        fit = next((pol for pol in pols if ctx.fits(m, pol)), None)
+        label = f"micro-batch {m} x accumulation {per_device // m}"
+        changes = {"data.batch_size": m, "train.grad_accum": per_device // m}
+        if fit is None:
+            out.append(Candidate(label, changes, est_mem_gib=ctx.estimate_gib(m, pols[-1]),
+                                 skip="the memory estimate says it does not fit"))
+            continue
+        if fit != ckpt0:
+            changes["memory.activation_checkpointing"] = fit
+            label += f", {fit} checkpointing"
+        out.append(Candidate(label, changes, est_mem_gib=ctx.estimate_gib(m, fit)))
+    for pol in policies:
+        if pol != ckpt0:  # full recomputes more than selective: it cannot win where selective was slower
+            out.append(Candidate(f"{pol} checkpointing", {"memory.activation_checkpointing": pol},
+                                 est_mem_gib=ctx.estimate_gib(m0, pol),
+                                 unless_slower="selective checkpointing" if pol == "full" else None))
+    return _only_new(ctx, out)
+
+
+def _data(ctx: Ctx) -> list[Candidate]:
+    """Device residency (no loader at all) for in-memory datasets, then DataLoader workers, fewest first
+    (monotone: more workers than the fastest count only add IPC)."""
+    p = ctx.probe
+    out = [Candidate("device-resident data", {"data.device_resident": True})] if p.in_memory else []
+    cap = max(4, min(8, 2 * p.cpus))  # sleeping or I/O-bound items overlap beyond the core count
+    counts = [4] if p.in_memory else [w for w in (2, 4, 8) if w <= cap]
+    for w in counts:
+        out.append(Candidate(f"{w} loader workers", {"data.device_resident": False, "data.num_workers": w,
+                                                     "data.persistent_workers": True, "data.prefetch_factor": 4,
+                                                     "data.pin_memory": p.on_gpu}))
+    return _only_new(ctx, out)
+
+
+def _loader(ctx: Ctx) -> list[Candidate]:
+    if ctx.value("data.device_resident") or not ctx.value("data.num_workers"):
+        return []  # no DataLoader in the best path: nothing to refine
+    out = [Candidate("prefetch 8 batches per worker", {"data.prefetch_factor": 8})]
+    if ctx.probe.on_gpu:
+        pin = not ctx.value("data.pin_memory")
+        out.append(Candidate(f"pin_memory {str(pin).lower()}", {"data.pin_memory": pin}))
+    return _only_new(ctx, out)
+
+
+def _optimizer(ctx: Ctx) -> list[Candidate]:
+    if not ctx.probe.builtin_optimizer:
+        return []  # the user's factory picks its own kernels
+    return _only_new(ctx, [Candidate(f"{impl} optimizer", {"train.optimizer_impl": impl})
+                           for impl in ("fused", "foreach")])
+
+
+def _channels_last(ctx: Ctx) -> list[Candidate]:
+    if not ctx.probe.has_conv:
+        return []
+    on = not ctx.value("memory.channels_last")
+    return [Candidate(f"channels_last {str(on).lower()}", {"memory.channels_last": on})]
+
+
+def _attention(ctx: Ctx) -> list[Candidate]:
+    if not ctx.probe.has_attention:
+        return []
+    return _only_new(ctx, [Candidate(f"{b} attention", {"kernels.attention": b}) for b in ("cudnn", "flash", "efficient")])
+
+
+def _parallel(ctx: Ctx) -> list[Candidate]:
+    p = ctx.probe
+    if p.world_size < 2:
+        return []
+    if p.strategy == "fsdp":
+        units = [Candidate(f"FSDP2 units {u}", {"parallel.fsdp_units": u}) for u in ("blocks", "model")]
+        return _only_new(ctx, [*units, Candidate("FSDP2 keep gathered after forward",
+                                                 {"parallel.reshard_after_forward": False})])
+    return _only_new(ctx, [Candidate(f"DDP buckets {mb} MB", {"parallel.bucket_cap_mb": mb}) for mb in (25, 50, 200)])

@@ -1,0 +1,89 @@
+"""`turbotrain watch RUN_DIR [--once]`: a live terminal view of a run, from its files alone (it works from
+any machine that sees the run directory, and touches nothing in it).
+
+Usage:
+    turbotrain watch runs/gpt-shakespeare          # redraws every 2 s until the run finishes (Ctrl-C leaves)
+    turbotrain watch runs/gpt-shakespeare --once   # one frame
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from turbotrain.report import RunFiles, load_run
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Unicode bars of the last `width` values (or of `width` buckets of them, by mean)."""
+    if not values:
+        return ""
+    if len(values) > width:
+        per = len(values) / width
+        values = [sum(b) / len(b) for i in range(width)
+                  if (b := values[int(i * per):max(int((i + 1) * per), int(i * per) + 1)])]
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] for v in values)
+
+
+def _last(run: RunFiles, key: str) -> float | None:
+    xs, ys = run.series(key)
+    return ys[-1] if ys else None
+
+
+def _num(v: float | None, fmt: str = ".4g", unit: str = "") -> str:
+    return "–" if v is None else f"{v:{fmt}}{unit}"
+
+
+def frame(run: RunFiles, width: int = 60) -> str:
+    """One screen of the view, as text."""
+    steps, losses = run.series("loss")
+    state = "finished" if run.summary else \
+        f"running (last write {time.time() - (run.path / 'metrics.jsonl').stat().st_mtime:.0f} s ago)"
+    rate = _last(run, "tokens_per_s")
+    rate_s = f"{_num(rate, '.4g')} tokens/s" if rate is not None else f"{_num(_last(run, 'samples_per_s'))} samples/s"
+    mfu = _last(run, "mfu")
+    lines = [
+        f"turbotrain watch — {run.path}   [{state}]",
+        f"step {steps[-1] if steps else '–'}   loss {_num(losses[-1] if losses else None)}   "
+        f"val_loss {_num(_last(run, 'val_loss'))}",
+        f"loss   {sparkline(losses, width)}",
+        f"       min {_num(min(losses) if losses else None)}  max {_num(max(losses) if losses else None)}",
+        f"speed  {rate_s}   step {_num(_last(run, 'step_ms'), '.1f', ' ms')}   "
+        f"MFU {_num(None if mfu is None else mfu * 100, '.1f', ' %')}",
+        f"thru   {sparkline(run.series('samples_per_s')[1], width)}",
+        f"memory peak {_num(_last(run, 'peak_mem_gib'), '.2f', ' GiB')}   "
+        f"device {_num(_last(run, 'gpu_mem_used_gib'), '.2f', ' GiB')}",
+        f"GPU    util {_num(_last(run, 'gpu_util_pct'), '.0f', ' %')}   temp {_num(_last(run, 'gpu_temp_c'), '.0f', ' °C')}",
+        f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
+        f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}",
+        f"alerts ({len(run.alerts)}):",
+    ]
+    for a in run.alerts[-5:]:
+        msg = str(a.get("message", "")).split("\n", 1)[0]
+        lines.append(f"  step {a.get('step')} rank {a.get('rank')} {a.get('rule')}: {msg[:width + 40]}")
+    if not run.alerts:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def watch(run_dir: str | Path, once: bool = False, interval_s: float = 2.0) -> None:
+    """Print frames until the run has a summary.json (finished) or Ctrl-C; `once`: one frame."""
+    path = Path(run_dir)
+    while True:
+        text = frame(load_run(path))
+        if once:
+            print(text)
+            return
+        if sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J")  # home + clear: redraw in place
+        print(text, flush=True)
+        if (path / "summary.json").is_file():
+            return
+        try:
+            time.sleep(interval_s)
+        except KeyboardInterrupt:
+            return
