@@ -161,10 +161,16 @@ def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
             "device": last.get("device_name"), "overrides": overrides}
 
 
+PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"  # the comparator, in a source checkout
+
+
 def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path, repeats: int) -> dict:
-    """The same model, data and steps through another framework's own best settings (bf16 + compile)."""
+    """The same model, data and steps through another framework (bf16 + compile, see benchmarks/peers.py)."""
     if tool not in ("accelerate", "fabric"):
         raise UserError(f"--compare: unknown framework {tool!r}; choose accelerate, fabric")
+    if not PEERS.is_file():
+        raise UserError(f"--compare runs the comparator benchmarks/peers.py of a source checkout; {PEERS} is not "
+                        "there: run turbotrain from a clone of its repository (pip install -e .)")
     module = {"accelerate": "accelerate", "fabric": "lightning.fabric"}[tool]
     import importlib.util
 
@@ -176,8 +182,9 @@ def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Confi
         summary = Path(cfg.run.out_dir) / name / "summary.json"
         what = f"bench: comparator {tool}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
         say(what)
-        rc = _run(["turbotrain.compare", tool, str(summary), *([config] if config else []), *overrides,
-                   f"run.name={json.dumps(name)}"], out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)
+        rc = _run([str(PEERS), tool, str(summary), *([config] if config else []), *overrides,
+                   f"run.name={json.dumps(name)}"], out / f"{name}.log", what, Path(cfg.run.out_dir) / name,
+                  cfg.train.steps, module=False)
         if rc != 0:
             tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
             runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})

@@ -45,7 +45,7 @@ from torch import nn
 from turbotrain.errors import UserError
 from turbotrain.files import sha256
 from turbotrain.log import say
-from turbotrain.models.structure import WithLoss
+from turbotrain.models.structure import unwrap
 
 
 @dataclass
@@ -95,7 +95,7 @@ def meta_digest(meta: dict) -> str:
 
 def param_shapes(model: nn.Module) -> dict[str, list[int]]:
     """Global (unsharded) shapes: a checkpoint from another model is refused by name and shape."""
-    return {name: list(p.size()) for name, p in _unwrap(model).named_parameters()}  # DTensor: the global size
+    return {name: list(p.size()) for name, p in unwrap(model).named_parameters()}  # DTensor: the global size
 
 
 def _rng_state() -> tuple[dict, dict]:
@@ -395,6 +395,8 @@ class Checkpointer:
 
     # -------------------------------------------------------------- save
     def save(self, step: int, model: nn.Module, opt, sched, scaler, meta: dict) -> Path:
+        """Every rank writes its part into a temp folder; rank 0 seals it (manifest, fsync) and renames it
+        into place. A write failure on any rank: the temp folder goes, earlier checkpoints stay, one error."""
         final = self.dir / f"step-{step:08d}"
         tmp = self.dir / f".tmp-step-{step:08d}"
         self._check_inside(final, tmp)
@@ -406,6 +408,17 @@ class Checkpointer:
             except OSError as e:
                 failure = e
         self._fail_together(failure, tmp)
+        self._fail_together(self._write(tmp, model, opt, sched, scaler), tmp)  # also the barrier: all written
+        if self.rank == 0:
+            failure = self._seal(tmp, final, step, meta)
+        self._fail_together(failure, tmp)
+        if self.rank == 0:
+            self._prune()
+        self._barrier()
+        return final
+
+    def _write(self, tmp: Path, model: nn.Module, opt, sched, scaler) -> BaseException | None:
+        """This rank's files (DCP shards, rank 0's state.pt, its RNG state); the failure, if any."""
         try:
             if self.sharded:
                 import torch.distributed.checkpoint as dcp
@@ -416,48 +429,47 @@ class Checkpointer:
             if self.rank == 0:
                 state = {"sched": sched.state_dict(), "scaler": scaler.state_dict()}
                 if not self.sharded:
-                    state.update(model=_unwrap(model).state_dict(), optim=opt.state_dict())
+                    state.update(model=unwrap(model).state_dict(), optim=opt.state_dict())
                 torch.save(state, tmp / "state.pt")
             tensors, plain = _rng_state()
             torch.save(tensors, tmp / f"rng-rank{self.rank}.pt")
             (tmp / f"rng-rank{self.rank}.json").write_text(json.dumps(plain))
         except (OSError, RuntimeError) as e:
-            failure = e
+            return e
         except BaseException as e:  # DCP's CheckpointException (a BaseException) wraps a rank's write error
             if type(e).__name__ != "CheckpointException":
                 raise
-            failure = e
-        self._fail_together(failure, tmp)  # also the barrier: every rank's files are written
-        if self.rank == 0:
-            try:
-                files = sorted(p for p in tmp.rglob("*") if p.is_file())
-                manifest = {p.relative_to(tmp).as_posix(): sha256(p) for p in files}
-                meta = {**meta, "step": step, "world_size": self.world_size, "sharded": self.sharded}
-                meta["meta_sha256"] = meta_digest(meta)
-                meta["manifest"] = manifest
-                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-                _fsync_tree(tmp)
-                old = None
-                if final.exists():  # an earlier checkpoint of this step (a rerun after a fallback)
-                    old = self.dir / f".old-step-{step:08d}"
-                    shutil.rmtree(old, ignore_errors=True)
-                    os.replace(final, old)
-                os.replace(tmp, final)  # the atomic step: the checkpoint exists whole or not at all
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-            except OSError as e:
-                failure = e
-                old = self.dir / f".old-step-{step:08d}"
-                if old.is_dir() and not final.exists():  # put the earlier checkpoint of this step back
-                    try:
-                        os.replace(old, final)
-                    except OSError:
-                        pass
-        self._fail_together(failure, tmp)
-        if self.rank == 0:
-            self._prune()
-        self._barrier()
-        return final
+            return e
+        return None
+
+    def _seal(self, tmp: Path, final: Path, step: int, meta: dict) -> OSError | None:
+        """Rank 0: manifest and meta digest, fsync, then the atomic rename (an earlier checkpoint of the same
+        step is moved aside first and put back if the rename fails)."""
+        old = self.dir / f".old-step-{step:08d}"
+        try:
+            files = sorted(p for p in tmp.rglob("*") if p.is_file())
+            manifest = {p.relative_to(tmp).as_posix(): sha256(p) for p in files}
+            meta = {**meta, "step": step, "world_size": self.world_size, "sharded": self.sharded}
+            meta["meta_sha256"] = meta_digest(meta)
+            meta["manifest"] = manifest
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            _fsync_tree(tmp)
+            moved = False
+            if final.exists():  # an earlier checkpoint of this step (a rerun after a fallback)
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                moved = True
+            os.replace(tmp, final)  # the atomic step: the checkpoint exists whole or not at all
+            if moved:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:
+            if old.is_dir() and not final.exists():  # put the earlier checkpoint of this step back
+                try:
+                    os.replace(old, final)
+                except OSError:
+                    pass
+            return e
+        return None
 
     def _fail_together(self, failure: BaseException | None, tmp: Path) -> None:
         """All ranks learn whether any rank failed to write; then the temp folder goes and every rank raises."""
@@ -635,7 +647,7 @@ class Checkpointer:
                 if key not in state:
                     raise CorruptCheckpoint(f"state.pt lacks {key!r}")
             if not meta["sharded"]:
-                _check_like(_unwrap(model).state_dict(), state["model"], "state.pt model")
+                _check_like(unwrap(model).state_dict(), state["model"], "state.pt model")
                 _check_optim(opt, state["optim"])
             _check_like(sched.state_dict(), state["sched"], "state.pt sched")
             _check_like(scaler.state_dict(), state["scaler"], "state.pt scaler")
@@ -656,7 +668,7 @@ class Checkpointer:
 
             set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         else:
-            _unwrap(model).load_state_dict(state["model"])
+            unwrap(model).load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
         scaler.load_state_dict(state["scaler"])
@@ -776,9 +788,3 @@ def _dcp_inner(e: BaseException) -> BaseException:
         v = next(iter(failures.values()))
         return v[0] if isinstance(v, tuple) else v
     return e
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside DDP and the loss wrapper: checkpoints are the same for every strategy."""
-    model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    return model.model if isinstance(model, WithLoss) else model

@@ -125,6 +125,11 @@ def check_model(model: Any, names: Names = Names()) -> None:
     """Call once the model is built: an nn.Module with something to train."""
     if not isinstance(model, nn.Module):
         raise UserError(f"{names.model}: got {_describe(model)}, not a torch.nn.Module")
+    from turbotrain.models.hf import is_hf_model
+
+    if is_hf_model(model):  # factories' HF models are adapted in models.build_model; a model given to train() is not
+        raise UserError(f"{names.model} is a transformers {type(model).__name__}: pass "
+                        f"turbotrain.models.adapt(model) (reads .logits/.loss, passes labels by keyword)")
     if not any(p.requires_grad for p in model.parameters()):
         n = sum(1 for _ in model.parameters())
         raise UserError(f"{names.model}: the model has no trainable parameters ({n} parameters, none with "
@@ -146,9 +151,9 @@ def check_item(item: Any, index: int, names: Names = Names()) -> None:
     if isinstance(item, dict):  # data.name factories' dict items are mapped by data.datasets.map_dict_items
         from turbotrain.data.datasets import dict_item_keys
 
-        keys = dict_item_keys(item)  # one line naming the keys when they do not map
-        raise UserError(f"{names.data}: item {index} is a dict; map it to (inputs, targets) = ({keys[0]!r}, "
-                        f"{keys[1]!r}) with turbotrain.data.datasets.map_dict_items(dataset)")
+        keys = dict_item_keys(item, names.data, index)  # one line naming the keys when they do not map
+        raise UserError(f"{names.data}: item {index} is a dict with keys {list(item)[:8]}; map it to (inputs, "
+                        f"targets) = ({keys[0]!r}, {keys[1]!r}) with turbotrain.data.datasets.map_dict_items(dataset)")
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise UserError(f"{names.data}: item {index} is {_describe(item)}, not an (inputs, targets) pair; "
                         f"make the dataset's __getitem__ return `inputs, targets` (two tensors)")

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 
 import torch
@@ -90,8 +91,8 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
     if not is_main:
         return None
     final, tmp = run_dir / FINAL, run_dir / f".{FINAL}-{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg))
         info = {"format": 1, "weights": WEIGHTS, "sha256": _sha256(tmp / WEIGHTS), "model": cfg.model.name,
@@ -100,6 +101,9 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as e:  # the run is done and its metrics are written: say it, keep the summary
+        say(f"warning: {final} not written ({e.strerror or e}); the checkpoints, if any, hold the model")
+        return None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -229,7 +233,9 @@ def _final_from_checkpoint(root: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
         state = {"model": model.state_dict()}
-        dcp.load(state, storage_reader=_safe_reader(path / "dcp"), planner=_safe_planner(), no_dist=True)
+        with warnings.catch_warnings():  # "torch.distributed is uninitialized ... load in a single process": yes
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=_safe_reader(path / "dcp"), planner=_safe_planner(), no_dist=True)
         model.load_state_dict(state["model"])
     else:
         with open(path / "state.pt", "rb") as f:

@@ -29,7 +29,7 @@ from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
 from turbotrain.pipeline import Trainee, build_trainee
 from turbotrain.resolve import facts_of, resolve
-from turbotrain.rundir import RunDir, write_run_file
+from turbotrain.rundir import RunDir, check_shared_run_dir, write_run_file
 from turbotrain.workload import data_meta, resolve_device, seed_all
 
 
@@ -82,6 +82,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     cost = _step_cost(model, sample, loss_fn, cfg, device, env.world_size)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
+    check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
     ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size, sharded=cfg.parallel.strategy == "fsdp")
     trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
@@ -112,19 +113,22 @@ def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Con
 
 
 def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int) -> int:
-    """The step to start from: 0, or the step of the checkpoint that `checkpoint.resume` names, loaded."""
+    """The step to start from: 0, or the step of the checkpoint `checkpoint.resume` names, loaded (under
+    "auto" a damaged one falls back to the previous good one: `ckpt.loaded` is the one restored)."""
     path = ckpt.find_resume()
     if path is None:
         return 0
     t = cfg.train
     expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype}
     step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
+    if ckpt.loaded is None:  # every checkpoint was damaged (kept in checkpoints.old-N): a fresh start
+        return 0
     if step >= t.steps:
-        raise UserError(f"the run already reached step {step} ({path}) and asks for train.steps={t.steps}: nothing "
-                        f"to do; raise train.steps to continue it, or choose another run.name for a new run")
+        raise UserError(f"the run already reached step {step} ({ckpt.loaded}) and asks for train.steps={t.steps}: "
+                        f"nothing to do; raise train.steps to continue it, or choose another run.name for a new run")
     changed = _apply_hyperparameters(tr, cfg)
-    say(f"resumed from step {step} ({path}): kept the model, optimizer, LR schedule position, loss scaler, RNG "
-        f"and data order" + (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
+    say(f"resumed from step {step} ({ckpt.loaded}): kept the model, optimizer, LR schedule position, loss scaler, "
+        f"RNG and data order" + (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
     return step
 
 

@@ -75,7 +75,8 @@ def _plot(ax, run: RunFiles, keys: list[tuple[str, str]], title: str, ylabel: st
     for key, label in keys:
         xs, ys = run.series(key)
         if xs:
-            ax.plot(xs, [y * scale for y in ys], marker="." if len(xs) < 30 else None, label=label)
+            sparse = len(xs) < 30 or key == "val_loss"  # eval rows are few: mark each
+            ax.plot(xs, [y * scale for y in ys], marker="o" if sparse else None, ms=3, label=label)
             drawn = True
     ax.set_title(title)
     ax.set_xlabel("step")
@@ -85,8 +86,9 @@ def _plot(ax, run: RunFiles, keys: list[tuple[str, str]], title: str, ylabel: st
     elif len(keys) > 1:
         ax.legend(fontsize=7)
     steps = [r["step"] for r in run.rows if isinstance(r.get("step"), (int, float))]
-    if steps and max(steps) > min(steps):
-        ax.set_xlim(min(steps), max(steps))
+    if steps and max(steps) > min(steps):  # the run's span on every panel, a margin keeps edge alerts visible
+        pad = 0.02 * (max(steps) - min(steps))
+        ax.set_xlim(min(steps) - pad, max(steps) + pad)
     for a in run.alerts:  # alerts on the timeline
         if isinstance(a.get("step"), (int, float)):
             ax.axvline(a["step"], color="crimson", alpha=0.35, lw=1)

@@ -61,8 +61,9 @@ class RunConfig:
 
 # ---------------------------------------------------------------- the run directory
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "tb", "checkpoints", "final",
-             "metrics.csv", "wandb", "mlflow")  # the last three: monitor.trackers
+# what a run writes into its directory (a fresh run sets an earlier run's aside, whole)
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "alerts_undelivered.jsonl", "tb",
+             "checkpoints", "final", "metrics.csv", "wandb", "mlflow", "report.png", "report.md")
 
 
 def open_run_file(path: Path, mode: str = "w"):

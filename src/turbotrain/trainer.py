@@ -54,8 +54,8 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     monitor = RunMonitor(run.rundir.path, run.env, run.trainee.device, run.cost, steps=run.cfg.train.steps,
                          start_step=run.start_step, max_bad_steps=run.cfg.train.max_bad_steps,
                          straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor)
-    hooks.call("on_train_start", run.start_step)
     try:
+        hooks.call("on_train_start", run.start_step)
         done = _loop(run, monitor, hooks, metrics, stop)
     except Stopped as e:
         say(f"{e}; " + ("checkpoint saved — rerun the same command to resume" if run.cfg.checkpoint.every else

@@ -102,8 +102,9 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
     out: dict[str, Any] = {"wall_s": round(wall_s, 2)}
     if rc == 0 and summary.is_file():
         s = json.loads(summary.read_text())
-        out.update({k: s.get(k) for k in ("samples_per_s", "tokens_per_s", "peak_mem_gib", "compile_s", "dtype",
-                                          "final_loss", "val_loss", "val_acc", "device_name", "global_batch")})
+        out.update({k: s.get(k) for k in ("samples_per_s", "samples_per_s_median_window", "tokens_per_s", "peak_mem_gib",
+                                          "compile_s", "mfu", "dtype", "final_loss", "val_loss", "val_acc",
+                                          "device_name", "global_batch")})
         if s.get("compile_fell_back"):
             return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
@@ -146,22 +147,25 @@ class Search:
     def explore(self, dims: list[Dimension]) -> None:
         """Two passes: the most promising candidate of every dimension first (so a short budget still
         measures each dimension once), then the rest of each, rebuilt on top of the best so far."""
+        if self.trials and self.trials[0]["status"] == "oom":  # nothing else can be measured before it fits
+            dims = sorted(dims, key=lambda d: not d.makes_fit)
         for first_only in (True, False):
             for dim in dims:
-                prev = None
-                for cand in dim.build(self.ctx)[:1 if first_only else None]:
-                    done = self._tried({**self.ctx.best, **cand.changes})
+                prev, limit = None, 1 if first_only and self.ctx.best_fits else None
+                for cand in dim.build(self.ctx)[:limit]:
+                    done = self._tried(dim.name, cand)
                     t = done if done is not None else self.trial(dim.name, cand)
                     rate = t.get("samples_per_s")
                     if dim.monotone and rate and prev and rate < prev:
                         break  # ordered candidates past their best: the rest cannot win
                     prev = rate or prev
 
-    def _tried(self, config: dict) -> dict | None:
-        """The trial that already ran (or was pruned for memory) with exactly this configuration."""
-        key = _key(config)
-        return next((t for t in self.trials if _key(t["config"]) == key and not
-                     (t["status"] == "skipped" and t["reason"].startswith("budget"))), None)
+    def _tried(self, dimension: str, cand: Candidate) -> dict | None:
+        """The trial that already ran or was pruned with this configuration, or with this candidate in the
+        first pass (the budget only shrinks: what it left out once stays out)."""
+        key = _key({**self.ctx.best, **cand.changes})
+        return next((t for t in self.trials if _key(t["config"]) == key
+                     or (t["dimension"] == dimension and t["tried"] == cand.changes)), None)
 
     def trial(self, dimension: str, cand: Candidate) -> dict:
         config = {**self.ctx.best, **cand.changes}
@@ -226,9 +230,10 @@ def _key(config: dict) -> str:
     return json.dumps(config, sort_keys=True)
 
 
-def finalists(search: Search, repeats: int, budget: Budget, run: Runner) -> list[dict]:
+def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s: float = 0.0) -> list[dict]:
     """The input config and the two fastest other configurations, re-run `repeats` times in rounds (so a
-    drifting machine moves them alike) while the budget allows; each ranked by its median."""
+    drifting machine moves them alike) while the budget allows, less `keep_s` (the convergence check's);
+    each ranked by its median."""
     ok = sorted((t for t in search.trials if t.get("samples_per_s") and t["status"] in ("ok", "slower")),
                 key=lambda t: -t["samples_per_s"])
     picked: dict[str, dict] = {}
@@ -239,7 +244,7 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner) -> list
     fins = list(picked.values())
     for r in range(repeats if len(fins) > 1 else 0):
         for f in fins:
-            if budget.left() < f["trial"]["wall_s"] * 1.2:
+            if budget.left() - keep_s < f["trial"]["wall_s"] * 1.2:
                 say("tune: budget spent; finalists compared on the runs so far")
                 return _rank(fins)
             say(f"tune {budget.bar()} finalist {f['label']}, repeat {r + 1}/{repeats} · "
@@ -284,10 +289,12 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
         res = run(f"converge-{name}", f["config"], budget.left(), f"tune: convergence check, {name}", steps, fixed)
         rows.append(_row(name, [res] if res["status"] == "ok" else [{"error": res.get("reason")}], []))
     _judge(rows, converge=True)
-    verdict = rows[1].get("verdict", rows[1].get("error", ""))
-    info = {"checked": True, "verdict": verdict, "baseline_val_loss": rows[0].get("val_loss"),
+    failed = next((f"{r['variant']}: {r['error']}" for r in rows if r.get("error")), None)
+    verdict = rows[1].get("verdict", "")
+    info = {"checked": failed is None, "verdict": failed or verdict, "baseline_val_loss": rows[0].get("val_loss"),
             "winner_val_loss": rows[1].get("val_loss"), "winner_val_acc": rows[1].get("val_acc")}
-    if "parity held" in verdict:
+    keeps_precision = "precision.dtype" not in winner["config"]
+    if "parity held" in verdict or (failed and keeps_precision):  # unchecked, but its rounding is the input's
         return winner, info
     safe = next((f for f in fins if "precision.dtype" not in f["config"]), base)
     say(f"tune: convergence parity missed by {winner['label']} ({verdict}); keeping {safe['label']}")
@@ -314,9 +321,13 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     search = Search(ctx, run, budget)
     dims = dimensions(probe)
     search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
-    budget.reserve_s = search.trial_s * (3 * repeats + (2 * cfg.train.steps / TRIAL_STEPS if converge else 0))
+    # finalists take at most a quarter of the budget (they re-run only while it lasts); a convergence check
+    # needs its two full runs: up to half
+    finals = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
+    checks = min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS) if converge else 0.0
+    budget.reserve_s = finals + checks
     search.explore(dims)
-    fins = finalists(search, repeats, budget, run)
+    fins = finalists(search, repeats, budget, run, keep_s=checks)
     winner, base = choose(fins)
     conv = None
     if converge and winner is not None:
@@ -342,7 +353,7 @@ def _result(config, overrides, cfg, cfg_eff, probe, search, fins, winner, base, 
         w["tokens_per_s"] = (trial["tokens_per_s"] / trial["samples_per_s"] * w["samples_per_s"]
                              if trial.get("tokens_per_s") else None)
         w["peak_mem_gib"] = trial.get("peak_mem_gib")
-    device = next((t["device_name"] for t in search.trials if t.get("device_name")), "unknown")
+    device = next((t["device_name"] for t in search.trials if t.get("device_name")), "cuda" if probe.on_gpu else "cpu")
     return {"config": config or DEFAULT_PRESET, "overrides": overrides, "run_name": cfg.run.name,
             "device": device, "torch": torch.__version__, "world_size": nproc, "budget_min": budget.total_s / 60,
             "elapsed_min": (budget.total_s - budget.left()) / 60, "repeats": repeats, "trial_steps": TRIAL_STEPS,

@@ -58,6 +58,7 @@ class Dimension:
     name: str
     build: Callable[["Ctx"], list[Candidate]]
     monotone: bool = False  # ordered candidates: once one is slower than the one before, stop
+    makes_fit: bool = False  # where the input config does not fit, this dimension comes first
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Ctx:
 
     def fits(self, micro: int, ckpt: str) -> bool:
         est = self.estimate_gib(micro, ckpt)
-        return est is None or est * 2**30 <= self.probe.capacity_bytes * FIT_MARGIN
+        return est is None or est * 2**30 < self.probe.capacity_bytes * FIT_MARGIN * (1 - 1e-9)
 
     def learn_memory(self, peak_gib: float | None, micro: int, ckpt: str, oom: bool) -> None:
         """Activation bytes per sample from a trial's peak (the probe step); an OOM gives a lower bound."""
@@ -166,7 +167,7 @@ def dimensions(probe: Probe) -> list[Dimension]:
     """Dimensions in order of expected gain: on a GPU precision and compile first; on a CPU the data path
     first (a CPU has no tensor cores, and a compile costs tens of seconds: it comes last)."""
     dims = {"precision": Dimension("precision", _precision), "compile": Dimension("compile", _compile),
-            "memory": Dimension("micro-batch x accumulation, checkpointing", _memory),
+            "memory": Dimension("micro-batch x accumulation, checkpointing", _memory, makes_fit=True),
             "data": Dimension("data path", _data, monotone=True), "loader": Dimension("loader", _loader),
             "optimizer": Dimension("optimizer kernel", _optimizer),
             "channels_last": Dimension("channels_last", _channels_last),
@@ -211,46 +212,46 @@ def _autotune(ctx: Ctx) -> list[Candidate]:
 
 
 def _memory(ctx: Ctx) -> list[Candidate]:
-    """Micro-batch × accumulation at the same global batch, and activation checkpointing. Larger micro-batches
-    first (fewer, fuller steps), each with the least checkpointing the estimate says fits; then the policies
-    at the current micro-batch; smaller micro-batches only where memory is the problem."""
+    """Micro-batch × accumulation at the same global batch, and activation checkpointing; every candidate
+    names all three keys. Where the best so far fits: larger micro-batches first (fewer, fuller steps),
+    each with the least checkpointing the estimate says fits, then the policies at the current micro-batch;
+    smaller micro-batches only where they can replace checkpointing. Where nothing fits yet: smaller
+    micro-batches without checkpointing first, then the policies, then the rest."""
     p, m0, ckpt0 = ctx.probe, ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
     per_device = m0 * ctx.value("train.grad_accum")
     policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
-    out: list[Candidate] = []
-    micros = [] if p.has_batchnorm else [m for m in (m0 * 4, m0 * 2, m0 // 2, m0 // 4)
-                                         if m >= 1 and per_device % m == 0 and m <= per_device and m != m0]
-    for m in micros:
-        smaller = m < m0
-        if smaller and ctx.best_fits and ckpt0 == "none":
-            continue  # a smaller micro-batch only pays where it saves checkpointing or avoids running out
-        pols = ["none"] if smaller else policies[policies.index(ckpt0):]
-        fit = next((pol for pol in pols if ctx.fits(m, pol)), None)
-        label = f"micro-batch {m} x accumulation {per_device // m}"
-        changes = {"data.batch_size": m, "train.grad_accum": per_device // m}
-        if fit is None:
-            out.append(Candidate(label, changes, est_mem_gib=ctx.estimate_gib(m, pols[-1]),
-                                 skip="the memory estimate says it does not fit"))
-            continue
-        if fit != ckpt0:
-            changes["memory.activation_checkpointing"] = fit
-            label += f", {fit} checkpointing"
-        out.append(Candidate(label, changes, est_mem_gib=ctx.estimate_gib(m, fit)))
-    for pol in policies:
-        if pol != ckpt0:  # full recomputes more than selective: it cannot win where selective was slower
-            out.append(Candidate(f"{pol} checkpointing", {"memory.activation_checkpointing": pol},
-                                 est_mem_gib=ctx.estimate_gib(m0, pol),
-                                 unless_slower="selective checkpointing" if pol == "full" else None))
-    return _only_new(ctx, out)
+    ok = [] if p.has_batchnorm else [m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8)
+                                     if 1 <= m <= per_device and per_device % m == 0]
+    larger = [_micro(ctx, m, per_device, policies[policies.index(ckpt0):]) for m in ok if m > m0]
+    smaller = [_micro(ctx, m, per_device, ["none"]) for m in ok if m < m0] \
+        if not ctx.best_fits or ckpt0 != "none" else []
+    at_m0 = [_micro(ctx, m0, per_device, [pol]) for pol in policies if pol != ckpt0]
+    if "selective" in policies:  # full recomputes more than selective: it cannot win where selective was slower
+        at_m0 = [replace(c, unless_slower=next(x.label for x in at_m0 if "selective" in x.label))
+                 if "full" in c.label and "selective" != ckpt0 else c for c in at_m0]
+    return _only_new(ctx, larger + at_m0 + smaller if ctx.best_fits else smaller + at_m0 + larger)
+
+
+def _micro(ctx: Ctx, m: int, per_device: int, policies: list[str]) -> Candidate:
+    """Micro-batch `m` with the first of `policies` the memory estimate says fits."""
+    changes = {"data.batch_size": m, "train.grad_accum": per_device // m}
+    label = f"micro-batch {m} x accumulation {per_device // m}"
+    fit = next((pol for pol in policies if ctx.fits(m, pol)), None)
+    if fit is None:
+        return Candidate(label, {**changes, "memory.activation_checkpointing": policies[-1]},
+                         est_mem_gib=ctx.estimate_gib(m, policies[-1]), skip="the memory estimate says it does not fit")
+    return Candidate(f"{label}, {fit} checkpointing", {**changes, "memory.activation_checkpointing": fit},
+                     est_mem_gib=ctx.estimate_gib(m, fit))
 
 
 def _data(ctx: Ctx) -> list[Candidate]:
-    """Device residency (no loader at all) for in-memory datasets, then DataLoader workers, fewest first
-    (monotone: more workers than the fastest count only add IPC)."""
+    """Device residency (no loader at all) for in-memory datasets, then DataLoader workers, most first:
+    a host-bound loader shows its gain at once, and the counts go down only while fewer is faster
+    (monotone: past the fastest count, fewer workers only starve the step)."""
     p = ctx.probe
     out = [Candidate("device-resident data", {"data.device_resident": True})] if p.in_memory else []
     cap = max(4, min(8, 2 * p.cpus))  # sleeping or I/O-bound items overlap beyond the core count
-    counts = [4] if p.in_memory else [w for w in (2, 4, 8) if w <= cap]
+    counts = [4] if p.in_memory else [w for w in (8, 4, 2) if w <= cap]
     for w in counts:
         out.append(Candidate(f"{w} loader workers", {"data.device_resident": False, "data.num_workers": w,
                                                      "data.persistent_workers": True, "data.prefetch_factor": 4,

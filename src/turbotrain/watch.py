@@ -59,7 +59,8 @@ def frame(run: RunFiles, width: int = 60) -> str:
         f"device {_num(_last(run, 'gpu_mem_used_gib'), '.2f', ' GiB')}",
         f"GPU    util {_num(_last(run, 'gpu_util_pct'), '.0f', ' %')}   temp {_num(_last(run, 'gpu_temp_c'), '.0f', ' °C')}",
         f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
-        f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}",
+        f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}"
+        + (f"   exposed comm {run.exposed_comm_share:.1%} (profile)" if run.exposed_comm_share is not None else ""),
         f"alerts ({len(run.alerts)}):",
     ]
     for a in run.alerts[-5:]:

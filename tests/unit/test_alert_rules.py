@@ -11,7 +11,7 @@ import pytest
 
 from turbotrain.errors import UserError
 from turbotrain.monitor.alerts import Alerts, NonFiniteLoss
-from turbotrain.monitor.rules import RULES, LossRules, MonitorConfig, RowRules
+from turbotrain.monitor.rules import RULES, LossRules, MonitorConfig, RowRules, straggler
 from turbotrain.monitor.sinks import JsonlFile, Webhook
 from turbotrain.monitor.watchdog import Watchdog, thread_stacks
 
@@ -109,6 +109,13 @@ def test_sync_latency():
     assert fired(RowRules(cfg(sync_latency_ms=50)), [{"sync_ms": 3}, {"sync_ms": 80}]) == [(1, "sync_latency")]
 
 
+def test_straggler_once_when_the_streak_reaches_its_patience():
+    verdicts = [{}, {1: 1}, {1: 2}, {1: 3}, {}, {0: 1}]  # StragglerWatch.streak after each log step
+    got = [(i, straggler(v, 2, 1.25, 1.8)) for i, v in enumerate(verdicts)]
+    hits = [(i, g[0], g[1].rule) for i, g in got if g is not None]
+    assert hits == [(2, 1, "straggler")] and "rank 1" in got[2][1][1].message
+
+
 # ---------------------------------------------------------------- alerts: records, rate limit, ranks
 
 class Clock:
@@ -131,7 +138,7 @@ def test_alert_records_are_rate_limited_per_rule(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert [x["rule"] for x in lines] == ["data_wait", "data_wait"]
     assert all(set(x) == FIELDS for x in lines) and lines[0]["step"] == 12 and lines[0]["threshold"] == 50.0
-    assert "more since the last" in lines[1]["message"] and a.counts["data_wait"] == 11  # every firing counts (Prometheus)
+    assert "more since the last" in lines[1]["message"] and a.counts["data_wait"] == 11  # every firing counts
 
 
 def test_shared_rules_are_sent_by_rank_0_only(tmp_path):
@@ -171,14 +178,14 @@ def test_bad_thresholds_are_refused_naming_the_key(override, key):
 
 def test_watchdog_fires_when_beats_stop_and_carries_the_stacks():
     got = []
-    w = Watchdog(0.2, lambda since, step, stacks: got.append((since, step, stacks)), start_step=0)
+    w = Watchdog(0.4, lambda since, step, stacks: got.append((since, step, stacks)), start_step=0)
     for step in range(1, 6):  # beats every 0.05 s: no alarm
         time.sleep(0.05)
         w.beat(step)
     assert got == []
-    time.sleep(0.7)
+    time.sleep(1.2)
     w.stop()
-    assert len(got) == 1 and got[0][1] == 5 and got[0][0] > 0.2
+    assert len(got) == 1 and got[0][1] == 5 and got[0][0] > 0.4
     assert "Thread MainThread" in got[0][2] and "test_watchdog_fires" in got[0][2]
 
 

@@ -66,7 +66,7 @@ def test_a_master_port_the_user_exported_wins(clean_env):
 
 
 @pytest.mark.parametrize("case, env", [
-    ("batch script without srun", {k: v for k, v in SRUN.items() if k not in ("SLURM_STEP_ID",)} | {"SLURM_PROCID": "0"}),
+    ("batch script without srun", {k: v for k, v in SRUN.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0"}),
     ("one task", {**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}),
     ("srun --pty bash", {**SRUN, "SLURM_JOB_NAME": "bash"}),
     ("no slurm", {}),

@@ -1,7 +1,7 @@
 """Workloads for `turbotrain tune`'s tests: a small user model with repeated blocks and a host-bound dataset.
 
     build_model(dim=16, depth=2, classes=4)          residual MLP with a `blocks` ModuleList
-    slow_items(split, n=512, dim=16, delay=0.002)    in-memory tensors, but every __getitem__ sleeps `delay`
+    slow_items(split, n=512, dim=16, delay=0.005)    in-memory tensors, but every __getitem__ sleeps `delay`
                                                      s: a slow, host-bound loader that workers overlap (a
                                                      sleep is wall time, so it overlaps on a loaded 2-core CPU)
 """
@@ -51,7 +51,7 @@ class SlowItems(Dataset):
         return self.x[i], self.y[i]
 
 
-def slow_items(split: str, n: int = 512, dim: int = 16, classes: int = 4, delay: float = 0.002) -> SlowItems:
+def slow_items(split: str, n: int = 512, dim: int = 16, classes: int = 4, delay: float = 0.005) -> SlowItems:
     g = torch.Generator().manual_seed(0 if split == "train" else 1)
     x = torch.randn(n, dim, generator=g)
     return SlowItems(x, (x[:, :classes].argmax(1)), delay)

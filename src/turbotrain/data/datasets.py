@@ -211,18 +211,16 @@ INPUT_KEYS = ("input_ids", "pixel_values", "inputs")
 TARGET_KEYS = ("labels", "label", "targets")
 
 
-def dict_item_keys(item: dict) -> tuple[str, str]:
+def dict_item_keys(item: dict, who: str = "data", index: int = 0) -> tuple[str, str]:
     """The (inputs key, targets key) of a dict item: one of INPUT_KEYS and one of TARGET_KEYS; other keys
     (attention_mask, token_type_ids, text, ...) are left out. One UserError naming the keys otherwise."""
-    keys = list(item)
     ins, tgts = [k for k in INPUT_KEYS if k in item], [k for k in TARGET_KEYS if k in item]
     if len(ins) != 1 or len(tgts) != 1:
-        what = "inputs" if len(ins) != 1 else "targets"
-        found = ins if len(ins) != 1 else tgts
-        allowed = INPUT_KEYS if what == "inputs" else TARGET_KEYS
-        raise UserError(f"data: a dict item with keys {keys[:8]} maps to (inputs, targets) through exactly one "
-                        f"{what} key of {', '.join(allowed)}; it has {'none' if not found else ' and '.join(found)}: "
-                        f"rename or drop columns so exactly one is left")
+        what, found = ("inputs", ins) if len(ins) != 1 else ("targets", tgts)
+        raise UserError(f"{who}: item {index} is a dict with keys {list(item)[:8]}; dict items map to (inputs, "
+                        f"targets) by exactly one of {'/'.join(INPUT_KEYS)} and one of {'/'.join(TARGET_KEYS)}, and "
+                        f"its {what} keys are {' and '.join(found) if found else 'none of them'}: rename or drop "
+                        f"columns so exactly one is left")
     return ins[0], tgts[0]
 
 
@@ -247,19 +245,24 @@ class DictItems(Dataset):
                      (item[self.keys[0]], item[self.keys[1]]))
 
 
-def map_dict_items(ds: Dataset) -> Dataset:
+def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     """`ds` itself when its items are pairs; a `DictItems` view when they are dicts (the first item decides).
-    Usage: `train_data = map_dict_items(hf_dataset)`."""
+    `who` names the dataset in errors. Usage: `train_data = map_dict_items(hf_dataset)`."""
     if isinstance(ds, (TensorDataset, DictItems)) or not len(ds):
         return ds
     first = ds[0]
     if not isinstance(first, dict):
         return ds
-    keys = dict_item_keys(first)
+    keys = dict_item_keys(first, who)
     left = [k for k in first if k not in keys]
     say(f"data: dict items mapped as inputs = {keys[0]!r}, targets = {keys[1]!r}"
         + (f" (not used: {', '.join(map(str, left[:6]))})" if left else ""))
-    return DictItems(ds, keys)
+    mapped = DictItems(ds, keys)
+    x, y = mapped[0]
+    if x.shape == y.shape and torch.equal(x, y):  # HF's causal-LM convention: the model shifts the labels
+        say(f"data: {keys[1]!r} equal {keys[0]!r} (HF's causal-LM convention): train an HF causal LM with "
+            f"train.loss = \"model\", which shifts them; a plain loss would learn to copy its input")
+    return mapped
 
 
 from turbotrain.data.text import text  # noqa: E402  (text.py builds on TokenWindows above)

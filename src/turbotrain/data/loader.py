@@ -66,7 +66,7 @@ def build_dataset(cfg: DataConfig, split: str) -> Dataset:
     ds = call_factory(factory, "data.args", split, **cfg.args)
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
         raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__}, not a map-style Dataset")
-    return map_dict_items(ds)
+    return map_dict_items(ds, f"data.name = {cfg.name!r}")
 
 
 class StepSampler:

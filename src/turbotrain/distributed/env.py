@@ -134,7 +134,8 @@ def slurm_exports(e: Mapping[str, str]) -> dict[str, str]:
         raise UserError(f"srun started {world} tasks but their layout is unreadable ({err}); launch torchrun "
                         f"once per node instead: {SRUN_TORCHRUN}") from None
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": head, "MASTER_PORT": str(slurm_port(e["SLURM_JOB_ID"]))}
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": head,
+            "MASTER_PORT": str(slurm_port(e["SLURM_JOB_ID"]))}
 
 
 # ---------------------------------------------------------------- torchrun --max-restarts
@@ -179,7 +180,8 @@ def _rank_device(env: DistEnv) -> torch.device:
     if env.launcher == "slurm" and visible == 1:
         return torch.device("cuda", 0)  # srun --gpus-per-task / --gpu-bind: each task sees its own GPU only
     if env.local_rank >= visible:
-        fix = "lower --ntasks-per-node (or use --gpus-per-task)" if env.launcher == "slurm" else "lower --nproc_per_node"
+        fix = ("lower --ntasks-per-node (or use --gpus-per-task)" if env.launcher == "slurm"
+               else "lower --nproc_per_node")
         raise UserError(f"LOCAL_RANK {env.local_rank} but only {visible} GPU(s) visible; {fix}")
     return torch.device("cuda", env.local_rank)
 

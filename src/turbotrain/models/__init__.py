@@ -58,8 +58,13 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     if hf.is_hf_name(cfg.name):
         return hf.build_hf(cfg.name, cfg.args)
     model = call_factory(model_factory(cfg), "model.args", **cfg.args)
-    if hf.is_hf_model(model):  # a user factory's HF model: turbotrain's contract through the same adapter
-        return hf.HFModel(model)
+    model = adapt(model)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name = {cfg.name!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def adapt(model: nn.Module) -> nn.Module:
+    """A `transformers` model under turbotrain's contract (`models.hf.HFModel`: .logits / .loss read from its
+    output, labels by keyword); any other model as it is. Usage: `model = adapt(user_model)`."""
+    return hf.HFModel(model) if hf.is_hf_model(model) else model

@@ -154,6 +154,12 @@ class HFModel(nn.Module):
         self.targets_are_inputs: bool | None = None  # decided on the first forward(x, y); see the docstring
 
     @property
+    def vocab_size(self) -> int | None:
+        """Checked against the data's token ids before the first forward (contract.py)."""
+        v = getattr(self.hf.config, "vocab_size", None)
+        return v if self.input_name == "input_ids" and isinstance(v, int) else None
+
+    @property
     def blocks(self) -> nn.Module | None:
         """The repeated blocks (act-ckpt, per-block compile, FSDP2 units): the longest ModuleList inside."""
         lists = [m for m in self.hf.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]

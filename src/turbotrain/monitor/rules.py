@@ -238,3 +238,13 @@ class RowRules:
             return [Fired("sync_latency", ms, x, f"a small all-reduce took {ms:.1f} ms (> {x:.0f} ms): "
                           f"the interconnect or a rank is slow")]
         return []
+
+
+def straggler(streak: dict[int, int], patience: int, ratio: float, rank_time_ratio: float) -> tuple[int, Fired] | None:
+    """(slow rank, alert) when StragglerWatch's streak of one slow rank just reached its patience (the
+    verdict is StragglerWatch's: parallel.straggler_ratio over the others' median, for `patience` log steps)."""
+    slow = next(iter(streak.items()), None)
+    if slow is None or slow[1] != patience:
+        return None
+    return slow[0], Fired("straggler", rank_time_ratio, ratio, f"rank {slow[0]} is persistently slower: "
+                          f"{rank_time_ratio:.2f}x the fastest rank's own time per step (data wait + forward)")

@@ -17,7 +17,7 @@ from turbotrain.monitor import sinks
 from turbotrain.monitor.alerts import Alerts
 from turbotrain.monitor.logger import MetricsLogger
 from turbotrain.monitor.nvml import GpuStats
-from turbotrain.monitor.rules import Fired, MonitorConfig
+from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
 from turbotrain.monitor.watchdog import Watchdog
@@ -43,10 +43,14 @@ class RunMonitor:
                  start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None):
         self.env, self.device, self.cost, self.steps = env, device, cost, steps
         self.cfg = cfg = cfg or MonitorConfig()
-        self.logger = MetricsLogger(run_dir, steps, enabled=env.is_main, start_step=start_step)
+        self.logger = MetricsLogger(run_dir, steps, enabled=env.is_main, trackers=cfg.trackers, start_step=start_step)
         self.gpu = GpuStats(device)
         self.mem_total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        self.alerts = _build_alerts(run_dir, env, cfg, max_bad_steps)
+        try:  # a port in use is a user error: the logger's trackers opened so far end cleanly
+            self.alerts = _build_alerts(run_dir, env, cfg, max_bad_steps)
+        except BaseException:
+            self.logger.close()
+            raise
         self.fwd_timer = ForwardTimer(device, enabled=env.world_size > 1)
         self.stragglers = StragglerWatch(straggler_ratio, device, env.rank)
         self.n_warm = min(3, max(1, (steps - start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
@@ -96,12 +100,8 @@ class RunMonitor:
 
     def _straggler_alert(self, row: dict, done: int) -> None:
         s = self.stragglers
-        slow = next(iter(s.streak.items()), None)
-        if slow is not None and slow[1] == s.patience:  # StragglerWatch says it on the console already
-            msg = (f"rank {slow[0]} is persistently slower: {row['rank_time_ratio']:.2f}x the fastest rank's own "
-                   f"time per step (data wait + forward)")
-            self.alerts.emit(Fired("straggler", row["rank_time_ratio"], s.ratio, msg), done, console=False,
-                             rank=slow[0])
+        if (got := straggler(s.streak, s.patience, s.ratio, row["rank_time_ratio"])) is not None:
+            self.alerts.emit(got[1], done, console=False, rank=got[0])  # StragglerWatch says it on the console
 
     def _gpu_row(self) -> dict:
         out = self.gpu.read()

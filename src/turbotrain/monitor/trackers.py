@@ -180,6 +180,13 @@ def _import(name: str):
                         f"(or turbotrain[trackers]), or remove it from monitor.trackers") from None
 
 
+def tracker_problem(spec: str) -> str | None:
+    """Why `spec` cannot name a tracker (None: it can), for config validation: a built-in or "pkg.module:factory"."""
+    if spec in BUILTIN or (":" in spec and all(spec.partition(":")[::2])):
+        return None
+    return f"unknown tracker {spec!r}; expected one of {', '.join(BUILTIN)} or \"pkg.module:factory\""
+
+
 def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tracker | None:
     """One tracker from a `monitor.trackers` entry: a built-in name, "pkg.module:factory", or a Tracker object
     (Python API). None when an optional sink is unavailable (TensorBoard not installed: said once)."""
@@ -199,5 +206,4 @@ def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tr
         from turbotrain.plugins import load_object
 
         return load_object(spec, "monitor.trackers")(run_dir, start_step)
-    raise UserError(f"monitor.trackers: unknown tracker {spec!r}; expected one of {', '.join(BUILTIN)} or "
-                    f"\"pkg.module:factory\"")
+    raise UserError(f"monitor.trackers: {tracker_problem(spec)}")

@@ -5,26 +5,26 @@ or Lightning Fabric with bf16 and torch.compile in mode "default" (Accelerate's 
 compile, as their docs' examples and our baselines do: a loss outside the graph keeps fp32 logits in
 memory and slows them down (benchmarks/NOTES.md, session 3).
 
-Run by bench in a fresh process: `python -m turbotrain.compare accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
+It is a benchmark harness, not part of the library: `turbotrain bench --compare` runs it from a source
+checkout in a fresh process: `python benchmarks/peers.py accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from turbotrain.models.structure import WithLoss
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.config import load_config
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.errors import UserError
-from turbotrain.models import build_model
 from turbotrain.losses import resolve_loss
-from turbotrain.models import args_from_data
+from turbotrain.models import args_from_data, build_model
+from turbotrain.models.structure import WithLoss
 from turbotrain.resolve import facts_of, resolve
 from turbotrain.workload import data_meta, peak_mem_gib, resolve_device, seed_all, sync
 
