@@ -63,6 +63,16 @@ def torchrun(n: int, script: str, *args: str) -> list[str]:
     return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", f"{BASELINES}/{script}", *args]
 
 
+# issue 18's overhead: every rule and sink on (a webhook nobody answers, Prometheus, the watchdog) vs all off
+MONITOR = {
+    "on": ["monitor.prometheus_port=9464", 'monitor.webhook_url="http://127.0.0.1:9/alerts"', "monitor.hang_timeout_s=600",
+           'monitor.trackers=["jsonl", "tensorboard", "csv"]'],
+    "off": ['monitor.trackers=["jsonl"]'] + [f"monitor.{k}=0" for k in (
+        "loss_spike_factor", "loss_diverging_rise", "loss_plateau_window", "throughput_drop_ratio", "data_wait_pct",
+        "gpu_util_low_pct", "gpu_temp_high_c", "gpu_mem_high_pct", "sync_latency_ms")],
+}
+
+
 def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
     """The suites, built for the world sizes asked (`--gpus`) and turbotrain's run folder `runs`."""
     out = f"run.out_dir='{runs}'"
@@ -122,6 +132,12 @@ def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
             "ResNet-50 DDP at each world size (B=256 per GPU, 150 steps)", f"nvidia-h200-x{max(gpus)}",
             [Cmd("scale_resnet", tt("scale", "resnet50-synthetic", "--gpus", g, "--strategies", "ddp",
                                     "train.steps=150", out, "run.name=resnet"))]),
+        "monitor-overhead": Suite(
+            "GPT-2 124M with every alert rule and sink on, then every rule off (JSONL only), alternating twice: the "
+            "cost of monitoring (issue 18: < 1 % of step time)", "nvidia-h100-x1",
+            [Cmd(f"monitor_{state}_{i}", tt("train", "gpt2-124m", "train.steps=300", "train.log_every=10", out,
+                                            f"run.name=monitor_{state}_{i}", *MONITOR[state]))
+             for i in (1, 2) for state in ("on", "off")]),
         "anchors": Suite(
             "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
             "nvidia-h200", [*gpt_peers, *resnet_peers]),

@@ -119,7 +119,8 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
         for r in range(repeats):
             name = f"{cfg.run.name}-bench-{v}" + (f"-r{r}" if repeats > 1 else "")
             args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
-                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0", 'checkpoint.resume="never"']
+                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0", 'checkpoint.resume="never"',
+                    "checkpoint.final=false"]
             what = f"bench: {v} ({variants.index(v) + 1}/{len(variants)})" + (f", repeat {r + 1}/{repeats}" if repeats > 1 else "")
             say(what)
             rc = _run(args, out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)

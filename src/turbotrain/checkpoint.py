@@ -56,6 +56,8 @@ class CheckpointConfig:
     """Newest checkpoints kept."""
     resume: str = "auto"
     """"auto" (the latest good one in the run directory) | "never" | a checkpoint folder."""
+    final: bool = True
+    """Write the trained model to final/ (safetensors + config) at the end, checkpoints or not."""
 
     def __post_init__(self) -> None:
         if self.every < 0:

@@ -23,7 +23,8 @@ from turbotrain.distributed.parallel import resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
-from turbotrain.models import args_from_data, build_model
+from turbotrain.data.datasets import map_dict_items
+from turbotrain.models import adapt, args_from_data, build_model
 from turbotrain.models.structure import WithLoss, find_blocks
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
@@ -65,10 +66,12 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     if resolve_strategy(cfg.parallel.strategy, env.world_size) != "none":
         device = init_distributed(env, device)
     seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
-    train_ds = train_data if train_data is not None else build_dataset(cfg.data, "train")
-    val_ds = val_data if val_data is not None else (build_dataset(cfg.data, "val") if train_data is None else None)
+    # the Python API's datasets get the mapping of dict items that build_dataset gives the config's
+    train_ds = map_dict_items(train_data, "train_data") if train_data is not None else build_dataset(cfg.data, "train")
+    val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
+        build_dataset(cfg.data, "val") if train_data is None else None)
     data_args = args_from_data(cfg.model, data_meta(train_ds)) if model is None else {}
-    model = model if model is not None else build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    model = adapt(model) if model is not None else build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))

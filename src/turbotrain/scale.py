@@ -52,7 +52,8 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
                     continue
                 unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
                 name = f"{cfg.run.name}-scale-{strategy}-{n}" + (f"-r{r}" if repeats > 1 else "")
-                extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0"]
+                extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0",
+                         "checkpoint.final=false"]
                 if not on_gpu:
                     extra.append("run.device=\"cpu\"")
                 what = f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")

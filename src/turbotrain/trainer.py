@@ -65,7 +65,8 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         monitor.close()
     if run.cfg.checkpoint.every:
         hooks.call("on_checkpoint", done, run.save_checkpoint(done))
-    write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
+    if run.cfg.checkpoint.final:
+        write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
     tr = run.trainee
     summary = monitor.summary(done, time.perf_counter() - t_start, run.cfg.compile.enabled, run.info)
     if run.cfg.compile.enabled:

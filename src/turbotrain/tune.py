@@ -18,19 +18,22 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from turbotrain.checkpoint import CheckpointConfig
 from turbotrain.config import DEFAULT_PRESET, load_config
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.tune_space import COMPILE_GUESS_S, Candidate, Ctx, Dimension, dimensions, probe_workload
 
 TRIAL_STEPS = 40  # 3 warm-up steps (compile) + 37 timed
-TRIAL_FIXED = ["train.eval_every=0", "data.eval_batches=0", "checkpoint.every=0", 'checkpoint.resume="never"',
-               "train.log_every=10", 'monitor.trackers=["jsonl"]']
+NO_SAVES = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers=["jsonl"]'] + \
+    (["checkpoint.final=false"] if "final" in {f.name for f in fields(CheckpointConfig)} else [])  # no weights out
+TRIAL_FIXED = ["train.eval_every=0", "data.eval_batches=0", "train.log_every=10", *NO_SAVES]
 MIN_GAIN = 0.01  # a trial replaces the best so far only when faster by more than this
 FINAL_GAIN = 0.02  # the winner must beat the input config's median by more than this, or nothing changes
 
@@ -54,7 +57,10 @@ class Budget:
         self.t0 = time.perf_counter() - _process_age()
 
     def left(self) -> float:
-        return self.total_s - self.WRITE_S - (time.perf_counter() - self.t0)
+        return self.total_s - self.WRITE_S - self.elapsed()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
 
     def left_for_search(self) -> float:
         return self.left() - self.reserve_s
@@ -237,10 +243,9 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
     ok = sorted((t for t in search.trials if t.get("samples_per_s") and t["status"] in ("ok", "slower")),
                 key=lambda t: -t["samples_per_s"])
     picked: dict[str, dict] = {}
-    for t in [*(x for x in ok if not x["config"]), *ok]:
-        if _key(t["config"]) not in picked and (len(picked) < 3):
-            picked[_key(t["config"])] = {"id": t["id"], "label": t["label"], "config": t["config"],
-                                         "rates": [t["samples_per_s"]], "trial": t}
+    for t in [*[x for x in ok if x["config"]][:2], *[x for x in ok if not x["config"]]]:  # the input last
+        picked.setdefault(_key(t["config"]), {"id": t["id"], "label": t["label"], "config": t["config"],
+                                              "rates": [t["samples_per_s"]], "trial": t})
     fins = list(picked.values())
     for r in range(repeats if len(fins) > 1 else 0):
         for f in fins:
@@ -285,8 +290,7 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
     for name, f in (("baseline", base), ("winner", winner)):
         if budget.left() <= 0:
             return winner, {"checked": False, "why": "no budget left; run turbotrain bench ... --converge"}
-        fixed = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers=["jsonl"]']
-        res = run(f"converge-{name}", f["config"], budget.left(), f"tune: convergence check, {name}", steps, fixed)
+        res = run(f"converge-{name}", f["config"], budget.left(), f"tune: convergence check, {name}", steps, NO_SAVES)
         rows.append(_row(name, [res] if res["status"] == "ok" else [{"error": res.get("reason")}], []))
     _judge(rows, converge=True)
     failed = next((f"{r['variant']}: {r['error']}" for r in rows if r.get("error")), None)
@@ -356,7 +360,7 @@ def _result(config, overrides, cfg, cfg_eff, probe, search, fins, winner, base, 
     device = next((t["device_name"] for t in search.trials if t.get("device_name")), "cuda" if probe.on_gpu else "cpu")
     return {"config": config or DEFAULT_PRESET, "overrides": overrides, "run_name": cfg.run.name,
             "device": device, "torch": torch.__version__, "world_size": nproc, "budget_min": budget.total_s / 60,
-            "elapsed_min": (budget.total_s - budget.left()) / 60, "repeats": repeats, "trial_steps": TRIAL_STEPS,
+            "elapsed_min": budget.elapsed() / 60, "repeats": repeats, "trial_steps": TRIAL_STEPS,
             "probe": dict(vars(probe)), "baseline": next((t for t in search.trials if t["id"] == "t00"), None),
             "baseline_median_samples_per_s": base_rate, "trials": search.trials, "finalists": fins,
             "winner": w, "converge": conv, "python": sys.executable}

@@ -173,7 +173,7 @@ def dimensions(probe: Probe) -> list[Dimension]:
             "channels_last": Dimension("channels_last", _channels_last),
             "attention": Dimension("attention backend", _attention), "parallel": Dimension("parallel", _parallel),
             "autotune": Dimension("compile max-autotune", _autotune)}
-    order = (["precision", "compile", "memory", "data", "loader", "optimizer", "channels_last", "attention",
+    order = (["precision", "compile", "channels_last", "optimizer", "attention", "memory", "data", "loader",
               "parallel", "autotune"] if probe.on_gpu else
              ["data", "loader", "optimizer", "memory", "precision", "channels_last", "parallel", "compile"])
     return [dims[k] for k in order]
@@ -198,8 +198,8 @@ def _compile_changes(mode: str, scope: str) -> dict[str, Any]:
 def _compile(ctx: Ctx) -> list[Candidate]:
     p = ctx.probe
     cands = [Candidate("compile", _compile_changes("default", "model"), compile=True)]
-    if p.on_gpu and p.world_size == 1:
-        cands.append(Candidate("compile + CUDA graphs", _compile_changes("reduce-overhead", "model"), compile=True))
+    if p.on_gpu and p.world_size == 1:  # CUDA graphs first: for most models on one GPU the larger gain
+        cands.insert(0, Candidate("compile + CUDA graphs", _compile_changes("reduce-overhead", "model"), compile=True))
     if p.has_blocks:
         cands.append(Candidate("compile per block", _compile_changes("default", "blocks"), compile=True))
     return _only_new(ctx, cands)
@@ -213,19 +213,19 @@ def _autotune(ctx: Ctx) -> list[Candidate]:
 
 def _memory(ctx: Ctx) -> list[Candidate]:
     """Micro-batch × accumulation at the same global batch, and activation checkpointing; every candidate
-    names all three keys. Where the best so far fits: larger micro-batches first (fewer, fuller steps),
-    each with the least checkpointing the estimate says fits, then the policies at the current micro-batch;
-    smaller micro-batches only where they can replace checkpointing. Where nothing fits yet: smaller
-    micro-batches without checkpointing first, then the policies, then the rest."""
+    names all three keys. Where the best so far fits: larger micro-batches (fewer, fuller steps), each with
+    the least checkpointing the estimate says fits. Checkpointing policies at the current micro-batch and
+    smaller micro-batches only where memory is the problem: nothing fits yet, or the best so far
+    checkpoints (less of it may fit). Where nothing fits yet, smaller micro-batches come first."""
     p, m0, ckpt0 = ctx.probe, ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
     per_device = m0 * ctx.value("train.grad_accum")
     policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
     ok = [] if p.has_batchnorm else [m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8)
                                      if 1 <= m <= per_device and per_device % m == 0]
     larger = [_micro(ctx, m, per_device, policies[policies.index(ckpt0):]) for m in ok if m > m0]
-    smaller = [_micro(ctx, m, per_device, ["none"]) for m in ok if m < m0] \
-        if not ctx.best_fits or ckpt0 != "none" else []
-    at_m0 = [_micro(ctx, m0, per_device, [pol]) for pol in policies if pol != ckpt0]
+    tight = not ctx.best_fits or ckpt0 != "none"
+    smaller = [_micro(ctx, m, per_device, ["none"]) for m in ok if m < m0] if tight else []
+    at_m0 = [_micro(ctx, m0, per_device, [pol]) for pol in policies if pol != ckpt0] if tight else []
     if "selective" in policies:  # full recomputes more than selective: it cannot win where selective was slower
         at_m0 = [replace(c, unless_slower=next(x.label for x in at_m0 if "selective" in x.label))
                  if "full" in c.label and "selective" != ckpt0 else c for c in at_m0]
@@ -249,9 +249,11 @@ def _data(ctx: Ctx) -> list[Candidate]:
     a host-bound loader shows its gain at once, and the counts go down only while fewer is faster
     (monotone: past the fastest count, fewer workers only starve the step)."""
     p = ctx.probe
-    out = [Candidate("device-resident data", {"data.device_resident": True})] if p.in_memory else []
+    if p.in_memory:  # a tensor gather on the device: no copies, no IPC, nothing for workers to overlap
+        return _only_new(ctx, [Candidate("device-resident data", {"data.device_resident": True})])
+    out = []
     cap = max(4, min(8, 2 * p.cpus))  # sleeping or I/O-bound items overlap beyond the core count
-    counts = [4] if p.in_memory else [w for w in (8, 4, 2) if w <= cap]
+    counts = [w for w in (8, 4, 2) if w <= cap]
     for w in counts:
         out.append(Candidate(f"{w} loader workers", {"data.device_resident": False, "data.num_workers": w,
                                                      "data.persistent_workers": True, "data.prefetch_factor": 4,

@@ -4,9 +4,8 @@ import os
 import subprocess
 import sys
 
-from turbotrain.config import load_config
-
 from tests.helpers import TINY_GPT
+from turbotrain.config import load_config
 
 ARGS = [*TINY_GPT, 'run.device="cpu"', "train.steps=3", "train.log_every=1"]
 

@@ -71,11 +71,6 @@ def _file_in_the_way(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory")
 
 
-def _checkpoints_is_a_file(tmp: Path) -> None:
-    (tmp / "runs" / "fault").mkdir(parents=True)
-    (tmp / "runs" / "fault" / "checkpoints").write_text("not a directory")
-
-
 def _copy_gpt(tmp: Path, src: Path) -> Path:
     shutil.copytree(src / "gpt", tmp / "gpt")
     return tmp / "gpt"
@@ -162,7 +157,6 @@ CASES = [
     # ------------------------------------------------ run dir
     case("out-dir-under-a-file", [BASE, "run.out_dir={tmp}/afile/runs"], ["run.out_dir", "afile"], _file_in_the_way),
     case("run-name-with-slash", [BASE, 'run.name="a/b"'], ["run.name", "a/b"]),
-    case("checkpoints-dir-is-a-file", [BASE, "checkpoint.every=2"], ["checkpoint"], _checkpoints_is_a_file),
     # ------------------------------------------------ checkpoint settings
     case("checkpoint-every-negative", [BASE, "checkpoint.every=-1"], ["checkpoint.every", "-1"]),
     case("checkpoint-every-float", [BASE, "checkpoint.every=2.5"], ["checkpoint.every", "integer"]),

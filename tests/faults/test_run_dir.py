@@ -14,8 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.common import (BASE_TOML, checkpoint_steps, ckpt_dir, error_line, lit, report, rows,
-                                 subprocess_env, wait_for)
+from tests.faults.common import (
+    BASE_TOML,
+    checkpoint_steps,
+    ckpt_dir,
+    error_line,
+    lit,
+    report,
+    rows,
+    subprocess_env,
+    wait_for,
+)
 from tests.helpers import TESTS, TINY_GPT
 from turbotrain.cli import main
 
@@ -148,6 +157,16 @@ def test_a_fresh_run_sets_the_earlier_run_aside_whole(tmp_path, capsys):
     assert [r["step"] for r in rows(tmp_path / "fault") if "loss" in r] == [1, 2, 3]
 
 
+def test_a_stray_file_where_checkpoints_go_is_set_aside_not_lost(tmp_path, capsys):
+    run_dir = tmp_path / "fault"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("not a directory")
+    rc, out, err = train(capsys, BASE, f"run.out_dir={lit(tmp_path)}", "checkpoint.every=2")
+    assert rc == 0, err
+    assert (run_dir / "previous-1" / "checkpoints").read_text() == "not a directory"
+    assert checkpoint_steps(run_dir) == [2, 4]
+
+
 # ---------------------------------------------------------------- resume with other hyperparameters
 
 def test_resume_applies_a_changed_lr_and_says_so(tmp_path, capsys):
@@ -207,4 +226,6 @@ def test_ctrl_c_to_the_process_group_with_loader_workers_saves_cleanly(tmp_path,
     assert rc == 130, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     stopped = checkpoint_steps(tmp_path / "fault")
-    assert stopped and json.loads((ckpt_dir(tmp_path / "fault", stopped[-1]) / "meta.json").read_text())["step"] == stopped[-1]
+    assert stopped
+    meta = json.loads((ckpt_dir(tmp_path / "fault", stopped[-1]) / "meta.json").read_text())
+    assert meta["step"] == stopped[-1]

@@ -133,7 +133,7 @@ def _tokenizer_path(tokens: str) -> Path:
 
 
 def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | None]:
-    """(ids in the smallest unsigned dtype that holds the vocabulary, vocab size, the characters for char)."""
+    """(ids in the smallest dtype that holds the vocabulary, vocab size, the characters for char)."""
     if tokens == "byte":
         return np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8).copy(), 256, None
     if tokens == "char":
@@ -156,4 +156,5 @@ def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | 
 
 
 def _dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65536 else np.int32)
+    # int16, not uint16: torch supports uint16 tensors only partly (no indexing kernels on every device)
+    return np.dtype(np.uint8 if vocab_size <= 256 else np.int16 if vocab_size <= 32768 else np.int32)
