@@ -135,8 +135,9 @@ def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
         "monitor-overhead": Suite(
             "GPT-2 124M with every alert rule and sink on, then every rule off (JSONL only), alternating twice: the "
             "cost of monitoring (issue 18: < 1 % of step time)", "nvidia-h100-x1",
-            [Cmd(f"monitor_{state}_{i}", tt("train", "gpt2-124m", "train.steps=300", "train.log_every=10", out,
-                                            f"run.name=monitor_{state}_{i}", *MONITOR[state]))
+            [Cmd(f"monitor_{state}_{i}", tt("train", "gpt2-124m", "train.steps=300", "train.log_every=10",
+                                            "data.eval_batches=0", out, f"run.name=monitor_{state}_{i}",
+                                            *MONITOR[state]), after="overhead" if (i, state) == (2, "off") else None)
              for i in (1, 2) for state in ("on", "off")]),
         "anchors": Suite(
             "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
@@ -163,7 +164,23 @@ def follow_advice(out: Path, runs: Path, env: dict, record: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
-FOLLOW_UPS = {"advice": follow_advice}
+def monitor_overhead(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """Tokens/s of the monitor-overhead runs, log-step work included (summary's samples_per_s_overall), and
+    the cost of monitoring: 1 - median(on) / median(off); into overhead.json."""
+    import statistics
+
+    rates = {}
+    for state in ("on", "off"):
+        rates[state] = [json.loads((runs / f"monitor_{state}_{i}" / "summary.json").read_text())["samples_per_s_overall"]
+                        for i in (1, 2) if (runs / f"monitor_{state}_{i}" / "summary.json").exists()]
+    result = {"samples_per_s_overall": rates}
+    if rates["on"] and rates["off"]:
+        result["overhead"] = 1 - statistics.median(rates["on"]) / statistics.median(rates["off"])
+    (out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+FOLLOW_UPS = {"advice": follow_advice, "overhead": monitor_overhead}
 
 
 def git_commit() -> dict:

@@ -156,6 +156,8 @@ class RunMonitor:
         return {
             "steps": last.get("step"), "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
             "val_acc": last.get("val_acc"), "samples_per_s": rate, "samples_per_s_median_window": m.median_window,
+            # the same steps with the log steps' own work (metrics, alerts, evaluation) counted as time
+            "samples_per_s_overall": m.overall_rate(done, c.global_batch),
             "samples_per_s_per_device": rate / self.env.world_size if rate else None,
             "tokens_per_s": timed.get("tokens_per_s"), "step_ms": timed.get("step_ms"), "mfu": timed.get("mfu"),
             "peak_mem_gib": last.get("peak_mem_gib"), "data_wait_pct": last.get("data_wait_pct"),

@@ -47,6 +47,13 @@ class Meter:
             return None
         return n * samples_per_step / (self.window_t0 - self.timed_t0 - self.excluded_s)
 
+    def overall_rate(self, steps_done: int, samples_per_step: int) -> float | None:
+        """Like timed_rate, but the log steps' own work (metrics, alerts, evaluation) counts as time too."""
+        n = steps_done - self.start_step - self.n_warm
+        if self.timed_t0 is None or n <= 0:
+            return None
+        return n * samples_per_step / (self.window_t0 - self.timed_t0)
+
     @property
     def warm_s(self) -> float:
         return (self.timed_t0 or self.window_t0) - self.t_loop
