@@ -38,9 +38,10 @@ def _workload(cfg):
     model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
     data = resolve(cfg, facts_of(device, model, ds, data_args)).data
     micro = cfg.data.batch_size * cfg.train.grad_accum  # their loop: one batch per step, same global batch
-    settings = None if data.device_resident else dict(num_workers=data.num_workers, pin_memory=data.pin_memory,
-                                                      prefetch_factor=data.prefetch_factor if data.num_workers else None,
-                                                      persistent_workers=data.persistent_workers and data.num_workers > 0)
+    settings = None if data.device_resident else dict(
+        num_workers=data.num_workers, pin_memory=data.pin_memory,
+        prefetch_factor=data.prefetch_factor if data.num_workers else None,
+        persistent_workers=data.persistent_workers and data.num_workers > 0)
     batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, data.device_resident, settings)
     return model, ds, batches, device, micro
 
@@ -97,7 +98,8 @@ def main(argv: list[str]) -> int:
     x, _ = ds[0]
     tokens = x.shape[0] if x.dim() == 1 and not x.is_floating_point() else None
     on_gpu = device.type == "cuda"
-    summary = {"samples_per_s": rate, "samples_per_s_median_window": None, "tokens_per_s": rate * tokens if tokens else None,
+    summary = {"samples_per_s": rate, "samples_per_s_median_window": None,
+               "tokens_per_s": rate * tokens if tokens else None,
                "peak_mem_gib": peak_mem_gib(device), "final_loss": loss.item(), "val_loss": None, "val_acc": None,
                "compile_s": warm_s, "global_batch": micro, "mfu": None, "dtype": "bf16" if on_gpu else "fp32",
                "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu", "framework": tool}

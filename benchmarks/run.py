@@ -65,8 +65,8 @@ def torchrun(n: int, script: str, *args: str) -> list[str]:
 
 # issue 18's overhead: every rule and sink on (a webhook nobody answers, Prometheus, the watchdog) vs all off
 MONITOR = {
-    "on": ["monitor.prometheus_port=9464", 'monitor.webhook_url="http://127.0.0.1:9/alerts"', "monitor.hang_timeout_s=600",
-           'monitor.trackers=["jsonl", "tensorboard", "csv"]'],
+    "on": ["monitor.prometheus_port=9464", 'monitor.webhook_url="http://127.0.0.1:9/alerts"',
+           "monitor.hang_timeout_s=600", 'monitor.trackers=["jsonl", "tensorboard", "csv"]'],
     "off": ['monitor.trackers=["jsonl"]'] + [f"monitor.{k}=0" for k in (
         "loss_spike_factor", "loss_diverging_rise", "loss_plateau_window", "throughput_drop_ratio", "data_wait_pct",
         "gpu_util_low_pct", "gpu_temp_high_c", "gpu_mem_high_pct", "sync_latency_ms")],
@@ -171,8 +171,9 @@ def monitor_overhead(out: Path, runs: Path, env: dict, record: dict) -> None:
 
     rates = {}
     for state in ("on", "off"):
-        rates[state] = [json.loads((runs / f"monitor_{state}_{i}" / "summary.json").read_text())["samples_per_s_overall"]
-                        for i in (1, 2) if (runs / f"monitor_{state}_{i}" / "summary.json").exists()]
+        rates[state] = [
+            json.loads((runs / f"monitor_{state}_{i}" / "summary.json").read_text())["samples_per_s_overall"]
+            for i in (1, 2) if (runs / f"monitor_{state}_{i}" / "summary.json").exists()]
     result = {"samples_per_s_overall": rates}
     if rates["on"] and rates["off"]:
         result["overhead"] = 1 - statistics.median(rates["on"]) / statistics.median(rates["off"])

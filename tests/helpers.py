@@ -30,3 +30,23 @@ def losses(tmp_path, name):
 
     rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
     return [r["loss"] for r in rows if "loss" in r]
+
+
+def count_host_reads(monkeypatch, run) -> int:
+    """How often `run()` reads a tensor's value on the host (item/tolist/float/bool/int): each is a device
+    sync on a GPU when the tensor lives there. Usage: `count_host_reads(monkeypatch, lambda: train(cfg))`."""
+    import torch
+
+    counts = {"n": 0}
+    for attr in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, attr)
+
+        def counted(self, *a, _original=original, **k):
+            counts["n"] += 1
+            return _original(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, attr, counted)
+    try:
+        run()
+    finally:
+        monkeypatch.undo()
+    return counts["n"]

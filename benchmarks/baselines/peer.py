@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 import common
 import plain_gpt
 import plain_resnet
+import torch
 
 
 def main(argv: list[str] | None = None) -> dict:

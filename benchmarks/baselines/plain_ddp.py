@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 import common
+import torch.distributed as dist
 from plain_gpt import make_step
 from plain_gpt import parse as parse_gpt
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main(argv: list[str] | None = None) -> dict | None:

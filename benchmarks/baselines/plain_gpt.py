@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-import torch
-
 import common
+import torch
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

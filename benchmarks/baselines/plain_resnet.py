@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 
-
 import common
 from plain_gpt import make_step
 

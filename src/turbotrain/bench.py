@@ -119,9 +119,10 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
         for r in range(repeats):
             name = f"{cfg.run.name}-bench-{v}" + (f"-r{r}" if repeats > 1 else "")
             args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
-                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0", 'checkpoint.resume="never"',
-                    "checkpoint.final=false"]
-            what = f"bench: {v} ({variants.index(v) + 1}/{len(variants)})" + (f", repeat {r + 1}/{repeats}" if repeats > 1 else "")
+                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0",
+                    'checkpoint.resume="never"', "checkpoint.final=false"]
+            what = (f"bench: {v} ({variants.index(v) + 1}/{len(variants)})"
+                    + (f", repeat {r + 1}/{repeats}" if repeats > 1 else ""))
             say(what)
             rc = _run(args, out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)
             if rc != 0:
@@ -227,8 +228,8 @@ def format_table(result: dict) -> str:
     unit = "tok/s" if any(r.get("tokens_per_s") for r in result["rows"]) else "samples/s"
     head = (f"Device: {result['device']}, torch {result['torch']}, {result['steps']} steps"
             + (", synthetic data" if result["synthetic_data"] else "") + f", median of {result['repeats']} run(s)")
-    lines = [head, "", f"| variant | {unit} | speedup | step ms | peak GiB | memory saved | compile s | loss | val loss "
-             f"| val acc | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [head, "", f"| variant | {unit} | speedup | step ms | peak GiB | memory saved | compile s | loss "
+             f"| val loss | val acc | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "skipped" in r or "error" in r:
             lines.append(f"| {r['variant']} | {r.get('skipped') or r.get('error')[:60]} | | | | | | | | | |")

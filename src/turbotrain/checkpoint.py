@@ -759,13 +759,15 @@ class Checkpointer:
         # optimizer and GradScaler state carry over only to the same optimizer and the same loss scaling
         if "optimizer" in meta and meta["optimizer"] != expect["optimizer"]:
             raise UserError(f"checkpoint {path} holds {meta['optimizer']} state; this run asks for train.optimizer = "
-                            f"{expect['optimizer']!r}: use {meta['optimizer']!r}, another run.name, or checkpoint.resume=\"never\"")
+                            f"{expect['optimizer']!r}: use {meta['optimizer']!r}, another run.name, "
+                            "or checkpoint.resume=\"never\"")
         if "dtype" in meta and (meta["dtype"] == "fp16") != (expect["dtype"] == "fp16"):
             raise UserError(f"checkpoint {path} was written with precision {meta['dtype']}, this run uses "
                             f"{expect['dtype']}: fp16's loss-scaler state does not carry over to or from another "
                             f"precision; keep the precision, or checkpoint.resume=\"never\"")
         if meta.get("sharded") and not self.sharded:
-            raise UserError(f"checkpoint {path} is an FSDP (sharded) checkpoint: resume it with parallel.strategy=\"fsdp\"")
+            raise UserError(f"checkpoint {path} is an FSDP (sharded) checkpoint: "
+                            "resume it with parallel.strategy=\"fsdp\"")
         if not meta.get("sharded") and self.sharded:
             raise UserError(f"checkpoint {path} is not sharded: resume it with parallel.strategy=\"ddp\" or \"none\"")
 

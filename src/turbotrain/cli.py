@@ -195,11 +195,13 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
-    from turbotrain.tune import run_tune
+    from turbotrain.tune import process_start, run_tune
 
     if not args.budget_min > 0 or args.repeats < 0 or args.nproc < 1:
         raise UserError("--budget-min must be > 0, --repeats >= 0 and --nproc >= 1")
-    run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16)
+    since = process_start() if getattr(args, "whole_process", False) else None
+    run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,
+             since)
 
 
 def _profile(args: argparse.Namespace) -> None:
@@ -241,7 +243,8 @@ def _data(args: argparse.Namespace) -> None:
 
     if args.data_command == "list":
         for row in list_datasets():
-            print(f"{row['name']:<14} {'cached' if row['cached'] else 'not fetched':<12} {row['source']:<36} {row['about']}")
+            print(f"{row['name']:<14} {'cached' if row['cached'] else 'not fetched':<12} "
+                  f"{row['source']:<36} {row['about']}")
     else:
         print(fetch(args.name))
 
@@ -294,7 +297,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         args, extra = parser.parse_known_args(argv)
         stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
         if stray:
-            prog = f"turbotrain {args.command}" + (f" {args.data_command}" if getattr(args, "data_command", None) else "")
+            prog = f"turbotrain {args.command}" + (
+                f" {args.data_command}" if getattr(args, "data_command", None) else "")
             what = "option" if stray[0].startswith("-") else "argument"
             why = "" if what == "option" or not hasattr(args, "overrides") else " (overrides are SECTION.KEY=VALUE)"
             raise _ArgError(prog, f"unrecognized {what} {stray[0]!r}{why}")
@@ -311,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(argv)
     except SystemExit as e:  # --help, --version (0) and usage errors (2, their line printed)
         return e.code if isinstance(e.code, int) else int(e.code is not None)
+    args.whole_process = argv is None  # the command is this process (tune's budget then counts its imports)
     rc = _run_reporting_errors(args)
     if argv is None and "LOCAL_RANK" in os.environ:
         # A torchrun worker, its files saved and closed, leaves without interpreter teardown. Once FSDP2 is

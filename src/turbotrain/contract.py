@@ -204,12 +204,14 @@ def _layer_problem(name: str, mod: nn.Module, inp: torch.Tensor) -> str | None:
         lo, hi = int(inp.min()), int(inp.max())
         if lo < 0 or hi >= mod.num_embeddings:
             bad = hi if hi >= mod.num_embeddings else lo
-            return f"{label} of {mod.num_embeddings} rows) is given index {bad}; indices must be 0..{mod.num_embeddings - 1}"
+            return (f"{label} of {mod.num_embeddings} rows) is given index {bad}; "
+                    f"indices must be 0..{mod.num_embeddings - 1}")
     weight = getattr(mod, "weight", None)
     if isinstance(weight, nn.parameter.UninitializedParameter):  # lazy layers take any size
         return None
     if isinstance(mod, nn.Linear) and inp.dim() >= 1 and inp.shape[-1] != mod.in_features:
-        return f"{label}) expects {mod.in_features} input features, its input has {inp.shape[-1]} (shape {tuple(inp.shape)})"
+        return (f"{label}) expects {mod.in_features} input features, "
+                f"its input has {inp.shape[-1]} (shape {tuple(inp.shape)})")
     if isinstance(mod, nn.modules.conv._ConvNd):
         d = len(mod.kernel_size)
         if inp.dim() in (d + 1, d + 2) and inp.shape[-(d + 1)] != mod.in_channels:
@@ -261,7 +263,8 @@ PREFIX = 8  # tokens per sequence in the check's forward, for built-in models th
 
 
 def _declares_sequence(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> bool:
-    return (_builtin_model(model) and isinstance(getattr(model, "vocab_size", None), int) and isinstance(getattr(model, "block_size", None), int)
+    return (_builtin_model(model) and isinstance(getattr(model, "vocab_size", None), int)
+            and isinstance(getattr(model, "block_size", None), int)
             and not x.is_floating_point() and x.dim() == 2 and y.dim() == 2 and x.shape[1] > PREFIX
             and y.shape[1] == x.shape[1])
 
@@ -314,7 +317,8 @@ def check_loss_value(loss: Any, who: str) -> None:
         raise UserError(f"{who} returned {_describe(loss)}; a loss must be a floating-point tensor")
     if not loss.requires_grad:
         raise UserError(f"{who} returned a loss that does not depend on the model's trainable parameters "
-                        f"(detached, or built from .item() / numbers); compute it from the model's output with torch ops")
+                        f"(detached, or built from .item() / numbers); "
+                        f"compute it from the model's output with torch ops")
 
 
 def _hint(model: nn.Module, x: torch.Tensor) -> str:
@@ -322,7 +326,8 @@ def _hint(model: nn.Module, x: torch.Tensor) -> str:
     if p is None:
         return ""
     if x.is_floating_point() and x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
-        return f"; the inputs are {str(x.dtype)[6:]}, the model's weights {str(p.dtype)[6:]}: return {str(p.dtype)[6:]} inputs"
+        return (f"; the inputs are {str(x.dtype)[6:]}, the model's weights {str(p.dtype)[6:]}: "
+                f"return {str(p.dtype)[6:]} inputs")
     if not x.is_floating_point() and not any(isinstance(m, nn.Embedding) for m in model.modules()):
         return f"; the inputs are {str(x.dtype)[6:]} (integers) and the model has no embedding: return float inputs"
     return ""

@@ -27,7 +27,8 @@ def describe_env() -> dict:
     }
     if cuda:
         props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, gpu_count=torch.cuda.device_count(), gpu_mem_gib=round(props.total_memory / 2**30, 1),
+        info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),
+                    gpu_mem_gib=round(props.total_memory / 2**30, 1),
                     capability=f"{props.major}.{props.minor}", bf16_supported=torch.cuda.is_bf16_supported(),
                     nvml=GpuStats(device).available)
     dtype = resolve_dtype("auto", device)

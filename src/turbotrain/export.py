@@ -15,7 +15,6 @@ sharded dcp/ of FSDP2 consolidated into one file.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.files import sha256
 from turbotrain.log import say
 
 FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
@@ -41,12 +41,15 @@ def _user_module(model: nn.Module) -> nn.Module:
 def _full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The user's model's state on the CPU. Under FSDP2 a collective: every rank calls, rank 0 gets the whole
     (gathered) state, the others nothing; elsewhere the module's own tensors, copied to the CPU."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.fsdp import FSDPModule
 
-    if any(isinstance(p, DTensor) for p in model.parameters()):
+    # by module, not by parameter: a root kept gathered after the last forward (the final evaluation) holds
+    # plain tensors, while its state_dict still hands out shards
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # rank 0 gets it
+        # rank 0 gets it
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
         state = model.state_dict()
     return {k.replace("_orig_mod.", ""): v.detach().to("cpu") for k, v in state.items()}
@@ -95,7 +98,7 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
         tmp.mkdir(parents=True)
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg))
-        info = {"format": 1, "weights": WEIGHTS, "sha256": _sha256(tmp / WEIGHTS), "model": cfg.model.name,
+        info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
                 "class": f"{type(user).__module__}.{type(user).__qualname__}", "torch": torch.__version__}
         (tmp / "final.json").write_text(json.dumps(info, indent=1))
         if final.exists():
@@ -107,14 +110,6 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _final_dir(run_dir: str | os.PathLike) -> Path:
@@ -149,7 +144,8 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None) -
     try:
         missing, unexpected = load_model(model, str(final / WEIGHTS), strict=False)
     except RuntimeError as e:  # a shape mismatch: the config no longer builds this model
-        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds "
+                        f"({str(e).splitlines()[0][:200]})") from None
     if missing or unexpected:
         raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds (missing "
                         f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
@@ -219,7 +215,7 @@ def _save_tokenizer(cfg, dest: Path) -> None:
 def _final_from_checkpoint(root: Path) -> None:
     """final/ from the latest good checkpoint of an unfinished run: state.pt's model, or FSDP2's sharded
     dcp/ read into the full model (one process, no process group) — one consolidated file either way."""
-    from turbotrain.checkpoint import Checkpointer, CheckpointConfig, _safe_planner, _safe_reader, _safe_torch_load
+    from turbotrain.checkpoint import CheckpointConfig, Checkpointer, _safe_planner, _safe_reader, _safe_torch_load
 
     ckpt = Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False)
     good = [p for p in reversed(ckpt.list()) if Checkpointer.verify(p) is None]

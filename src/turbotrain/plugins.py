@@ -32,7 +32,8 @@ def load_object(spec: str, key: str) -> Any:
 
 def factory_label(fn: Any) -> str:
     """`turbotrain.models.gpt:build`, `userpkg.data:regression`: how a message names a factory."""
-    return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or getattr(fn, '__name__', 'factory')}"
+    return (f"{getattr(fn, '__module__', None) or '?'}:"
+            f"{getattr(fn, '__qualname__', None) or getattr(fn, '__name__', 'factory')}")
 
 
 def argument_names(fn: Any, n_positional: int = 0) -> list[str] | None:

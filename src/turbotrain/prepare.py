@@ -17,13 +17,13 @@ from torch.utils.data import Dataset
 from turbotrain import contract
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, to_toml
+from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed.env import DistEnv, init_distributed
 from turbotrain.distributed.parallel import resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
-from turbotrain.data.datasets import map_dict_items
 from turbotrain.models import adapt, args_from_data, build_model
 from turbotrain.models.structure import WithLoss, find_blocks
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
@@ -96,7 +96,8 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         if start_step:
             rundir.trim_metrics(start_step)
     sampler.start_step = start_step
-    batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg), cfg.memory.channels_last)
+    batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
+                      cfg.memory.channels_last)
     info = _info(cfg, trainee, n_params, cost, start_step, model)
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
@@ -166,7 +167,8 @@ def _info(cfg: Config, tr: Trainee, n_params: int, cost: StepCost, start_step: i
     blocks = find_blocks(model) if cfg.memory.activation_checkpointing != "none" else None
     return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 dtype=tr.dtype, params=n_params, global_batch=cost.global_batch, micro_batch=cfg.data.batch_size,
-                grad_accum=cfg.train.grad_accum, world_size=cost.global_batch // (cfg.data.batch_size * cfg.train.grad_accum),
+                grad_accum=cfg.train.grad_accum,
+                world_size=cost.global_batch // (cfg.data.batch_size * cfg.train.grad_accum),
                 strategy=cfg.parallel.strategy, channels_last=cfg.memory.channels_last,
                 activation_checkpointing=cfg.memory.activation_checkpointing,
                 checkpointed_blocks=len(blocks) if blocks is not None else 0,

@@ -35,8 +35,8 @@ from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
 from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.files import write_report
-from turbotrain.monitor import phases
 from turbotrain.log import Heartbeat, say
+from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare
 from turbotrain.step import first_train_step, train_step
 from turbotrain.workload import peak_mem_gib, resolve_device, sync
@@ -203,7 +203,8 @@ def _comm_advice(run: Run, comm: float) -> list[dict]:
     # FSDP2 only: on DDP the bf16 comm hook measured slower than native fp32 buckets (benchmarks/NOTES.md)
     if strategy == "fsdp" and cfg.parallel.grad_compression == "none":
         recs.append(_rec('parallel.grad_compression="bf16"', "gradients reduced in bf16 move half the bytes", comm))
-    if strategy == "fsdp" and cfg.parallel.reshard_after_forward and unit_groups(run.trainee.model, cfg.parallel.fsdp_units):
+    if (strategy == "fsdp" and cfg.parallel.reshard_after_forward
+            and unit_groups(run.trainee.model, cfg.parallel.fsdp_units)):
         recs.append(_rec("parallel.reshard_after_forward=false", "keeping gathered parameters from forward to "
                          "backward saves one all-gather per step (more memory)", comm))
     recs.append(_rec(f"train.grad_accum={cfg.train.grad_accum * 2}", "accumulating more micro-batches reduces "
@@ -227,7 +228,8 @@ def _host_advice(run: Run, host: float) -> list[dict]:
 
 def _memory_advice(run: Run, mem_frac: float) -> list[dict]:
     b, a = run.cfg.data.batch_size, run.cfg.train.grad_accum
-    return [_rec('memory.activation_checkpointing="selective"', f"peak memory is {mem_frac:.0%} of the device", mem_frac),
+    return [_rec('memory.activation_checkpointing="selective"', f"peak memory is {mem_frac:.0%} of the device",
+                 mem_frac),
             _rec(f"data.batch_size={max(1, b // 2)} train.grad_accum={a * 2}", "same global batch in half the "
                  "activation memory", mem_frac)]
 
@@ -356,7 +358,8 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
         "strategy": run.cfg.parallel.strategy, "global_batch": run.cost.global_batch,
         "step_ms_median": statistics.median(times) * 1e3, "steps_profiled": active,
         "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
-        "breakdown_share": shares, "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
+        "breakdown_share": shares,
+        "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
         "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "
                   "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
@@ -385,7 +388,8 @@ def format_report(r: dict) -> str:
         lines.append(f"{i}. `{rec['set']}` — {rec['why']} (evidence share {rec['evidence_share']:.0%})")
     lines += ["", "## Top ops by self time", "", "| op | class | ms/step | share |", "|---|---|---|---|"]
     for op in r["top_ops"][:10]:
-        lines.append(f"| `{op['name'][:70]}` | {op['class']} | {op['ms_per_step']:.3f} | {op['share_of_op_time']:.1%} |")
+        lines.append(f"| `{op['name'][:70]}` | {op['class']} | {op['ms_per_step']:.3f} | "
+                     f"{op['share_of_op_time']:.1%} |")
     m = r["memory"]
     lines += ["", f"Memory: peak allocated {m['peak_allocated_gib']} GiB"
               + (f", reserved {m['peak_reserved_gib']} GiB of {m['device_total_gib']} GiB; snapshot {m['snapshot']}"

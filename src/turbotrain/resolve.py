@@ -127,8 +127,9 @@ def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
         c.set("compile", "mode", "default", "CUDA graphs cannot hold DDP/FSDP collectives")
     if comp.mode == "reduce-overhead" and not on_gpu:
         c.set("compile", "mode", "default", "CUDA graphs need a GPU")
-    per_block_units = par.strategy == "fsdp" and (par.fsdp_units == "blocks" or
-                                                 (isinstance(par.fsdp_units, int) and par.fsdp_units >= len(facts.block_params) > 1))
+    per_block_units = par.strategy == "fsdp" and (
+        par.fsdp_units == "blocks"
+        or (isinstance(par.fsdp_units, int) and par.fsdp_units >= len(facts.block_params) > 1))
     if per_block_units and comp.scope == "model":
         c.set("compile", "scope", "blocks", "FSDP2 per-block units: a whole-model graph would break at every unit")
 
@@ -145,7 +146,8 @@ def _resolve_memory(c: _Changes, facts: Facts) -> None:
 def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:
     d = c.cfg.data
     if d.device_resident == "auto":
-        c.set("data", "device_resident", facts.in_memory_bytes is not None and facts.in_memory_bytes <= RESIDENT_LIMIT_BYTES)
+        c.set("data", "device_resident",
+              facts.in_memory_bytes is not None and facts.in_memory_bytes <= RESIDENT_LIMIT_BYTES)
     elif d.device_resident and facts.in_memory_bytes is None:
         raise UserError("data.device_resident = true needs a built-in in-memory dataset; set it to \"auto\"")
     if d.num_workers == "auto":  # leave a core to the training process; past ~8 the IPC costs more

@@ -75,7 +75,8 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
             # CPU processes share the host's cores: their ratio is no efficiency, and the GPU targets do not apply
             row["efficiency"] = row["samples_per_s_per_device"] / base if base and on_gpu else None
             row["target"] = row["target"] if on_gpu else None
-            row["below_target"] = bool(row["target"] and row["efficiency"] is not None and row["efficiency"] < row["target"])
+            row["below_target"] = bool(row["target"] and row["efficiency"] is not None
+                                       and row["efficiency"] < row["target"])
             rows.append(row)
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
@@ -128,10 +129,11 @@ def format_table(result: dict) -> str:
         lo, hi = r["spread_per_device"]
         spread = f" ({lo / r['samples_per_s_per_device'] - 1:+.1%}/{hi / r['samples_per_s_per_device'] - 1:+.1%})" \
             if r["runs"] > 1 else ""
-        lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f}{spread} | {eff}{flag} | {target} | "
-                     f"{r['peak_mem_gib_per_device']:.2f} |")
+        lines.append(f"| {r['strategy']} | {r['world_size']} | {total:,.0f} | {per:,.0f}{spread} | {eff}{flag} | "
+                     f"{target} | {r['peak_mem_gib_per_device']:.2f} |")
     if result.get("repeats", 1) > 1:
-        lines.append(f"\n_Median of {result['repeats']} runs per row; per device in brackets: the slowest and fastest run._")
+        lines.append(f"\n_Median of {result['repeats']} runs per row; "
+                     "per device in brackets: the slowest and fastest run._")
     if result.get("nccl_env"):
         lines.append("\n_Environment: " + " ".join(f"{k}={v}" for k, v in result["nccl_env"].items()) + "_")
     if result["note"]:

@@ -28,7 +28,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step; global batch = data.batch_size x grad_accum x world size."""
     optimizer: str = "adamw"
-    """"adamw" | "adam" (betas 0.9, 0.95) | "sgd" (momentum 0.9) | "pkg.module:factory" (factory(param_groups, lr=, weight_decay=))."""
+    """"adamw" | "adam" (betas 0.9, 0.95) | "sgd" (momentum 0.9) | "pkg.module:factory"
+    (factory(param_groups, lr=, weight_decay=))."""
     optimizer_impl: Literal["auto", "fused", "foreach", "for"] = "auto"
     """Optimizer kernel: "auto" takes the fused kernel on a GPU, foreach elsewhere."""
     lr: float = 3e-4
@@ -77,7 +78,8 @@ class TrainConfig:
             if bad:
                 raise UserError(f"train.{key} = {bad!r}: expected a list of 'pkg.module:name' strings")
         if self.loss not in ("cross_entropy", "mse", "model") and ":" not in self.loss:
-            raise UserError(f"train.loss = {self.loss!r}: expected \"cross_entropy\", \"mse\", \"model\" or 'pkg.module:fn'")
+            raise UserError(f"train.loss = {self.loss!r}: "
+                            "expected \"cross_entropy\", \"mse\", \"model\" or 'pkg.module:fn'")
 
 
 def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = True,

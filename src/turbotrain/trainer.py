@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from turbotrain.accel.attention import attention_backend
-from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.accel.compile import compile_stats
+from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.distributed.env import all_mean, shutdown
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, say

@@ -42,19 +42,21 @@ Runner = Callable[[str, dict, float, str], dict]  # (name, changes, timeout_s, w
 
 def literal(key: str, value: Any) -> str:
     """`data.num_workers=4` as a KEY=VALUE override (a TOML literal)."""
-    text = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+    text = (json.dumps(value) if isinstance(value, str)
+            else str(value).lower() if isinstance(value, bool) else repr(value))
     return f"{key}={text}"
 
 
 class Budget:
-    """Wall-clock budget of the whole tune, counted from the process's start (imports included) and less
-    the time the report takes to write; the search stops `reserve_s` early for the finalists."""
+    """Wall-clock budget of the whole tune, less the time the report takes to write; the search stops
+    `reserve_s` early for the finalists. It counts from `since` (default now); the CLI passes the process's
+    start, so the imports count too (a long-lived caller's own earlier time never does)."""
 
     WRITE_S = 5.0
 
-    def __init__(self, minutes: float):
+    def __init__(self, minutes: float, since: float | None = None):
         self.total_s, self.reserve_s = minutes * 60, 0.0
-        self.t0 = time.perf_counter() - _process_age()
+        self.t0 = time.perf_counter() if since is None else since
 
     def left(self) -> float:
         return self.total_s - self.WRITE_S - self.elapsed()
@@ -68,6 +70,11 @@ class Budget:
     def bar(self, width: int = 20) -> str:
         used = min(1.0, max(0.0, 1 - self.left() / self.total_s))
         return "[" + "#" * round(used * width) + "·" * (width - round(used * width)) + "]"
+
+
+def process_start() -> float:
+    """This process's start as a perf_counter reading: the CLI's budget counts its imports too."""
+    return time.perf_counter() - _process_age()
 
 
 def _process_age() -> float:
@@ -108,9 +115,9 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
     out: dict[str, Any] = {"wall_s": round(wall_s, 2)}
     if rc == 0 and summary.is_file():
         s = json.loads(summary.read_text())
-        out.update({k: s.get(k) for k in ("samples_per_s", "samples_per_s_median_window", "tokens_per_s", "peak_mem_gib",
-                                          "compile_s", "mfu", "dtype", "final_loss", "val_loss", "val_acc",
-                                          "device_name", "global_batch")})
+        out.update({k: s.get(k) for k in ("samples_per_s", "samples_per_s_median_window", "tokens_per_s",
+                                          "peak_mem_gib", "compile_s", "mfu", "dtype", "final_loss", "val_loss",
+                                          "val_acc", "device_name", "global_batch")})
         if s.get("compile_fell_back"):
             return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
@@ -212,7 +219,8 @@ class Search:
         """Keep the trial if it beats the best so far; learn the memory per sample from it."""
         ctx, rate = self.ctx, t.get("samples_per_s")
         micro, ckpt = ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
-        micro, ckpt = t["config"].get("data.batch_size", micro), t["config"].get("memory.activation_checkpointing", ckpt)
+        micro, ckpt = (t["config"].get("data.batch_size", micro),
+                       t["config"].get("memory.activation_checkpointing", ckpt))
         if t["status"] == "oom":
             ctx.learn_memory(None, micro, ckpt, oom=True)
         if cand.compile and t.get("compile_s"):
@@ -254,7 +262,8 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
                 return _rank(fins)
             say(f"tune {budget.bar()} finalist {f['label']}, repeat {r + 1}/{repeats} · "
                 f"{budget.left() / 60:.1f} min left")
-            res = run(f"{f['id']}-r{r + 1}", f["config"], budget.left(), f"tune: finalist {f['label']} ({r + 1}/{repeats})")
+            res = run(f"{f['id']}-r{r + 1}", f["config"], budget.left(),
+                      f"tune: finalist {f['label']} ({r + 1}/{repeats})")
             if res.get("samples_per_s"):
                 f["rates"].append(res["samples_per_s"])
     return _rank(fins)
@@ -273,7 +282,8 @@ def choose(fins: list[dict]) -> tuple[dict | None, dict | None]:
     if not fins:
         return None, base
     top = fins[0]
-    if base is not None and top is not base and top["median_samples_per_s"] < base["median_samples_per_s"] * (1 + FINAL_GAIN):
+    if (base is not None and top is not base
+            and top["median_samples_per_s"] < base["median_samples_per_s"] * (1 + FINAL_GAIN)):
         return base, base
     return top, base
 
@@ -306,14 +316,15 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
 
 
 def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0, repeats: int = 2,
-             converge: bool = False, nproc: int = 1, allow_fp16: bool = False) -> dict:
-    """Search, pick, write the four files; returns tune.json's content."""
+             converge: bool = False, nproc: int = 1, allow_fp16: bool = False, since: float | None = None) -> dict:
+    """Search, pick, write the four files; returns tune.json's content. `since`: when the budget started
+    (a perf_counter reading; the CLI passes its process's start), default now."""
     from turbotrain.tune_report import write_outputs
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("tune launches every trial itself through torchrun: run it once, not under torchrun: "
                         f"turbotrain tune {config or ''} ... --nproc {os.environ['WORLD_SIZE']}".replace("  ", " "))
-    budget = Budget(budget_min)
+    budget = Budget(budget_min, since)
     cfg = load_config(config, overrides)  # a bad CONFIG or KEY=VALUE: one error line before anything runs
     if converge and cfg.data.name == "synthetic":
         raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")

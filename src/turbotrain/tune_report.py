@@ -64,7 +64,8 @@ def tuned_toml(result: dict) -> str:
     elif not changes:
         head = "nothing measured faster than the input config beyond noise: it is kept unchanged"
     else:
-        speed = f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup") else "the input config did not run"
+        speed = (f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup")
+                 else "the input config did not run")
         head = f"{speed} (median of the finalists' runs, {w['samples_per_s']:,.1f} samples/s)"
     lines = [f"# turbotrain tune, {time.strftime('%Y-%m-%d %H:%M')}, {result['device']}, torch {result['torch']}:",
              f"# {head}.", "# Only the changed keys; each comment is the measured effect of the trial that chose it.",

@@ -288,7 +288,8 @@ def _channels_last(ctx: Ctx) -> list[Candidate]:
 def _attention(ctx: Ctx) -> list[Candidate]:
     if not ctx.probe.has_attention:
         return []
-    return _only_new(ctx, [Candidate(f"{b} attention", {"kernels.attention": b}) for b in ("cudnn", "flash", "efficient")])
+    return _only_new(ctx, [Candidate(f"{b} attention", {"kernels.attention": b})
+                           for b in ("cudnn", "flash", "efficient")])
 
 
 def _parallel(ctx: Ctx) -> list[Candidate]:

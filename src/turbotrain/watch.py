@@ -57,7 +57,8 @@ def frame(run: RunFiles, width: int = 60) -> str:
         f"thru   {sparkline(run.series('samples_per_s')[1], width)}",
         f"memory peak {_num(_last(run, 'peak_mem_gib'), '.2f', ' GiB')}   "
         f"device {_num(_last(run, 'gpu_mem_used_gib'), '.2f', ' GiB')}",
-        f"GPU    util {_num(_last(run, 'gpu_util_pct'), '.0f', ' %')}   temp {_num(_last(run, 'gpu_temp_c'), '.0f', ' °C')}",
+        f"GPU    util {_num(_last(run, 'gpu_util_pct'), '.0f', ' %')}   "
+        f"temp {_num(_last(run, 'gpu_temp_c'), '.0f', ' °C')}",
         f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
         f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}"
         + (f"   exposed comm {run.exposed_comm_share:.1%} (profile)" if run.exposed_comm_share is not None else ""),

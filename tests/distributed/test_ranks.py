@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.helpers import userpkg_env
 
@@ -36,9 +37,13 @@ def losses(tmp_path, name, key="loss"):
     return [json.loads(line)[key] for line in open(tmp_path / name / "metrics.jsonl")]
 
 
+single_dir: list = []  # the 1-process run's directory, filled with `single`
+
+
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     path = tmp_path_factory.mktemp("single")
+    single_dir.append(path / "one")
     run(path, 0, *TINY, "run.name=one", "data.batch_size=8")
     single_norms.extend(losses(path, "one", "grad_norm"))
     return losses(path, "one")
@@ -59,6 +64,13 @@ def test_two_ranks_equal_one_process(tmp_path, single, strategy, micro, accum, e
     assert losses(tmp_path, "dist", "grad_norm") == pytest.approx(single_norms, rel=1e-4)
     summary = json.loads((tmp_path / "dist" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == strategy and summary["global_batch"] == 8
+    # final/ holds the whole model (gathered under FSDP2), the same weights as the 1-process run's
+    from turbotrain import load
+
+    mine, theirs = load(tmp_path / "dist").state_dict(), load(single_dir[0]).state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-3, atol=1e-5)
 
 
 def test_fsdp_units_of_several_blocks_equal_one_process(tmp_path):

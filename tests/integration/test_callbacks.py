@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.faults.common import BASE_TOML, error_line, lit
-from tests.helpers import TESTS, TINY_GPT
+from tests.helpers import TESTS, TINY_GPT, count_host_reads
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.trainer import train
@@ -73,19 +73,9 @@ def test_bad_extensions_are_one_error_line(tmp_path, capsys, override, expect):
 def _host_reads(monkeypatch, tmp_path, name, *extra):
     """How often the run reads a tensor's value on the host (item/tolist/float/bool; on a GPU, a device sync
     when the tensor lives there). Counted over a whole 12-step run with one log step."""
-    counts = {"n": 0}
-    for attr in ("item", "tolist", "__float__", "__bool__", "__int__"):
-        original = getattr(torch.Tensor, attr)
-
-        def counted(self, *a, _original=original, **k):
-            counts["n"] += 1
-            return _original(self, *a, **k)
-        monkeypatch.setattr(torch.Tensor, attr, counted)
     cfg = load_config("gpt2-124m", [*TINY_GPT, 'run.device="cpu"', f"run.out_dir={lit(tmp_path)}", f"run.name={name}",
                                     "train.steps=12", "train.log_every=100", "data.eval_batches=0", *extra])
-    train(cfg)
-    monkeypatch.undo()
-    return counts["n"]
+    return count_host_reads(monkeypatch, lambda: train(cfg))
 
 
 def test_callbacks_add_no_device_sync_to_the_step(tmp_path, monkeypatch):

@@ -173,26 +173,28 @@ def test_two_ranks_equal_one_process_and_fsdp_exports_one_file(tmp_path, one_pro
         assert final.keys() == again.keys() and all(torch.equal(final[k], again[k]) for k in final)
 
 
-def test_dict_rows_passed_to_train_name_the_mapping(tmp_path):
-    """train(train_data=rows of dicts): one line naming the keys found and map_dict_items; mapped, they are pairs."""
+def test_dict_rows_passed_to_train_are_mapped_to_pairs(tmp_path):
+    """train(train_data=rows of dicts) maps them as a config's data factory is mapped, and trains."""
     from userpkg.hf_models import dict_rows
 
     from turbotrain.data.datasets import map_dict_items
 
     rows = dict_rows("train", size=16)
-    with pytest.raises(UserError, match=r"item 0 is a dict with keys .*\('input_ids', 'labels'\) with .*map_dict"):
-        train(hf_config(tmp_path, 'train.loss="model"'), train_data=rows)
+    summary = train(hf_config(tmp_path, 'train.loss="model"', "train.steps=1"), train_data=rows)
+    assert summary["steps"] == 1
     x, y = map_dict_items(rows)[3]
     assert x.dtype == torch.int64 and x.shape == (16,) and torch.equal(x, y)
     assert map_dict_items(rows).vocab_size == 64
 
 
-def test_a_bare_hf_model_given_to_train_names_the_adapter(tmp_path):
+def test_a_bare_hf_model_given_to_train_is_adapted(tmp_path):
+    """train(model=<a transformers model>) wraps it as a factory's HF model is wrapped (adapt is idempotent)."""
     from userpkg.hf_models import tiny_gpt2
 
     from turbotrain.models import adapt
 
-    with pytest.raises(UserError, match=r"is a transformers GPT2LMHeadModel: pass turbotrain.models.adapt\(model\)"):
-        train(hf_config(tmp_path), model=tiny_gpt2(vocab_size=100))
-    summary = train(hf_config(tmp_path, "train.steps=1", 'train.loss="model"'), model=adapt(tiny_gpt2(vocab_size=100)))
+    summary = train(hf_config(tmp_path, "train.steps=1", 'train.loss="model"'), model=tiny_gpt2(vocab_size=100))
+    assert summary["steps"] == 1
+    summary = train(hf_config(tmp_path, "train.steps=1", 'train.loss="model"', "run.name=again"),
+                    model=adapt(tiny_gpt2(vocab_size=100)))
     assert summary["steps"] == 1

@@ -13,9 +13,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import torch
 
-from tests.helpers import USERPKG, userpkg_env
+from tests.helpers import USERPKG, count_host_reads, userpkg_env
 from turbotrain.callbacks import Callback
 from turbotrain.cli import main
 from turbotrain.config import load_config
@@ -176,19 +175,9 @@ def test_a_blocked_dataset_ends_the_run_with_the_stuck_stack(tmp_path):
 
 
 def _host_reads(monkeypatch, tmp_path, name, *extra) -> int:
-    """Tensor values read on the host (item/tolist/float/bool/int: a device sync on a GPU) over a 12-step
-    run with one log step (as tests/integration/test_callbacks.py counts them)."""
-    counts = {"n": 0}
-    for attr in ("item", "tolist", "__float__", "__bool__", "__int__"):
-        original = getattr(torch.Tensor, attr)
-
-        def counted(self, *a, _original=original, **k):
-            counts["n"] += 1
-            return _original(self, *a, **k)
-        monkeypatch.setattr(torch.Tensor, attr, counted)
-    train(fault_cfg(tmp_path, f"run.name={name}", "train.steps=12", "train.log_every=100", *extra))
-    monkeypatch.undo()
-    return counts["n"]
+    """Tensor values read on the host (a device sync on a GPU) over a 12-step run with one log step."""
+    return count_host_reads(monkeypatch, lambda: train(fault_cfg(tmp_path, f"run.name={name}", "train.steps=12",
+                                                                 "train.log_every=100", *extra)))
 
 
 def test_all_monitoring_on_adds_no_device_sync_to_the_step(tmp_path, monkeypatch, webhook_server):

@@ -20,3 +20,18 @@ def test_fsdp_units_must_count_at_least_one():
 
     with pytest.raises(UserError, match="fsdp_units = 0"):
         load_config("gpt-shakespeare", ["parallel.fsdp_units=0"])
+
+
+def test_local_shard_stepping_only_for_elementwise_optimizers(capsys):
+    """FSDP2 steps on local shards only where that is the same math (AdamW, Adam, SGD); any other optimizer
+    keeps torch's DTensor step, and the run says so once."""
+    import torch
+
+    from turbotrain.distributed.fsdp import shard_local_step
+
+    params = list(torch.nn.Linear(4, 4).parameters())
+    adamw = shard_local_step(torch.optim.AdamW(params))
+    assert type(adamw).__name__ == "ShardLocalAdamW"
+    adagrad = torch.optim.Adagrad(params)
+    assert shard_local_step(adagrad) is adagrad and type(adagrad) is torch.optim.Adagrad
+    assert "Adagrad is not known to be elementwise" in capsys.readouterr().out

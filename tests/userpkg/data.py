@@ -7,18 +7,8 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
-
-
-class Regression(Dataset):
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
+from torch.utils.data import IterableDataset
+from userpkg.regression import Regression
 
 
 def regression(split: str, n: int = 64, dim: int = 8) -> Regression:

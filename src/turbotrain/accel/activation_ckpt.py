@@ -15,9 +15,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from turbotrain.models.structure import find_blocks
 from turbotrain.errors import UserError
-
+from turbotrain.models.structure import find_blocks
 
 
 @dataclass

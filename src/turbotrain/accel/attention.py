@@ -17,7 +17,6 @@ import torch
 from turbotrain.log import say
 
 
-
 @dataclass
 class KernelsConfig:
     """The `[kernels]` section."""

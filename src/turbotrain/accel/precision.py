@@ -10,7 +10,6 @@ from typing import Literal
 
 import torch
 
-
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "auto"]
 
 
@@ -19,7 +18,8 @@ class PrecisionConfig:
     """The `[precision]` section."""
 
     dtype: Dtype = "auto"
-    """Autocast dtype: "auto" (bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU) | fp32 | tf32 | bf16 | fp16 (with loss scaling)."""
+    """Autocast dtype: "auto" (bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU) | fp32 | tf32 | bf16 |
+    fp16 (with loss scaling)."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

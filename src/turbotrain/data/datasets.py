@@ -139,21 +139,30 @@ def shakespeare(split: str, block_size: int = 256, tokens: str = "char", val_fra
                 stride: int | None = None) -> TokenWindows:
     """Shakespeare's works as char- (vocab of the characters present) or byte-level (vocab 256) tokens,
     memory-mapped uint8; the last `val_fraction` of the text is the validation split."""
+    check_window_args(block_size, val_fraction, stride)
+    if tokens not in ("char", "byte"):
+        raise UserError(f"data.args.tokens = {tokens!r}: expected 'char' or 'byte'")
+    data, vocab_size = _shakespeare_tokens(fetch("shakespeare"), tokens)
+    return split_windows(np.array(data), vocab_size, split, block_size, val_fraction, stride, "adjust val_fraction")
+
+
+def check_window_args(block_size: int, val_fraction: float, stride: int | None) -> None:
     int_arg("data.args.block_size", block_size, 1)
     float_arg("data.args.val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     if stride is not None:
         int_arg("data.args.stride", stride, 1)
-    if tokens not in ("char", "byte"):
-        raise UserError(f"data.args.tokens = {tokens!r}: expected 'char' or 'byte'")
-    root = fetch("shakespeare")
-    data, vocab_size = _shakespeare_tokens(root, tokens)
-    cut = int(len(data) * (1 - val_fraction))
-    part = data[:cut] if split == "train" else data[cut:]
+
+
+def split_windows(ids: np.ndarray, vocab_size: int, split: str, block_size: int, val_fraction: float,
+                  stride: int | None, fix: str, where: str = "") -> TokenWindows:
+    """Token windows over the train part (the first 1 - val_fraction of the stream) or the val part."""
+    cut = int(len(ids) * (1 - val_fraction))
+    part = ids[:cut] if split == "train" else ids[cut:]
     if len(part) <= block_size + 1:
         which = "train" if split == "train" else "validation"
-        raise UserError(f"data.args.block_size = {block_size}: the {which} split has only {len(part)} tokens "
-                        f"(data.args.val_fraction = {val_fraction}); lower block_size or adjust val_fraction")
-    return TokenWindows(torch.from_numpy(np.array(part)), block_size, stride, vocab_size)
+        raise UserError(f"data.args.block_size = {block_size}: the {which} split{where} has only {len(part)} tokens "
+                        f"(data.args.val_fraction = {val_fraction}); lower block_size or {fix}")
+    return TokenWindows(torch.from_numpy(part), block_size, stride, vocab_size)
 
 
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
@@ -169,7 +178,8 @@ def fashion_mnist(split: str) -> Pairs:
             or (len(labels) and labels.max() >= 10):
         raise UserError(f"data fashion_mnist: {img_path.name} {list(images.shape)} / {lab_path.name} "
                         f"{list(labels.shape)} are not 28x28 images with labels 0-9; delete {root} and run "
-                        f"`turbotrain data fetch fashion_mnist`, or set TURBOTRAIN_CACHE to a folder holding a good copy")
+                        f"`turbotrain data fetch fashion_mnist`, "
+                        f"or set TURBOTRAIN_CACHE to a folder holding a good copy")
     x = (torch.from_numpy(images.copy()).float().div_(255).sub_(FASHION_MEAN).div_(FASHION_STD)).unsqueeze(1)
     return Pairs(x, torch.from_numpy(labels.astype(np.int64)), num_classes=10, in_channels=1)
 

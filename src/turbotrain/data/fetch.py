@@ -309,6 +309,6 @@ def fetch(name: str) -> Path:
 def list_datasets() -> list[dict]:
     rows = [{"name": s.name, "source": f"{s.registry}:{s.package}", "about": s.about,
              "cached": (cache_dir() / s.name / "meta.json").exists()} for s in SOURCES.values()]
-    rows.append({"name": "synthetic", "source": "generated", "about": "random tokens/images/vectors for throughput work",
-                 "cached": True})
+    rows.append({"name": "synthetic", "source": "generated",
+                 "about": "random tokens/images/vectors for throughput work", "cached": True})
     return rows

@@ -28,7 +28,9 @@ class DataConfig:
     """The `[data]` section."""
 
     name: str = "shakespeare"
-    """"shakespeare" | "fashion_mnist" | "synthetic" | "text" (your .txt/.jsonl files: args path, tokens) | "pkg.module:factory" (build(split, **args) -> Dataset of (inputs, targets), or of dicts: input_ids/pixel_values/inputs → inputs, labels/label/targets → targets)."""
+    """"shakespeare" | "fashion_mnist" | "synthetic" | "text" (your .txt/.jsonl files: args path, tokens) |
+    "pkg.module:factory" (build(split, **args) -> Dataset of (inputs, targets), or of dicts:
+    input_ids/pixel_values/inputs → inputs, labels/label/targets → targets)."""
     batch_size: int = 16
     """Samples per device per micro-step."""
     num_workers: int | Auto = "auto"

@@ -21,9 +21,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from turbotrain.contract import float_arg, int_arg
 from turbotrain.data.fetch import cache_dir, checksums, file_sha256, record_checksums, write_atomic
 from turbotrain.errors import UserError
 from turbotrain.log import say
@@ -34,24 +32,16 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 def text(split: str, path: str | None = None, tokens: str = "char", block_size: int = 256, val_fraction: float = 0.1,
          stride: int | None = None):
     """Token windows over the files at `path` (see the module docstring); the last `val_fraction` is "val"."""
-    from turbotrain.data.datasets import TokenWindows  # datasets.py registers this factory
+    from turbotrain.data.datasets import check_window_args, split_windows  # datasets.py registers this factory
 
     if not isinstance(path, str) or not path:
-        raise UserError('data.args.path: data.name = "text" needs the path of a .txt/.jsonl file or of a folder of them')
-    int_arg("data.args.block_size", block_size, 1)
-    float_arg("data.args.val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
-    if stride is not None:
-        int_arg("data.args.stride", stride, 1)
+        raise UserError('data.args.path: data.name = "text" needs the path of a .txt/.jsonl file '
+                        'or of a folder of them')
+    check_window_args(block_size, val_fraction, stride)
     if not isinstance(tokens, str) or (tokens not in ("char", "byte") and not tokens.endswith(".json")):
         raise UserError(f"data.args.tokens = {tokens!r}: expected \"char\", \"byte\" or the path of a tokenizer.json")
     ids, vocab_size = token_ids(source_files(path), tokens)
-    cut = int(len(ids) * (1 - val_fraction))
-    part = ids[:cut] if split == "train" else ids[cut:]
-    if len(part) <= block_size + 1:
-        which = "train" if split == "train" else "validation"
-        raise UserError(f"data.args.block_size = {block_size}: the {which} split of {path} has only {len(part)} "
-                        f"tokens (data.args.val_fraction = {val_fraction}); lower block_size or add text")
-    return TokenWindows(torch.from_numpy(part), block_size, stride, vocab_size)
+    return split_windows(ids, vocab_size, split, block_size, val_fraction, stride, "add text", f" of {path}")
 
 
 def source_files(path: str) -> list[Path]:

@@ -20,10 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from turbotrain.models.structure import find_blocks
 from turbotrain.distributed.parallel import ParallelConfig
 from turbotrain.log import say
-
+from turbotrain.models.structure import find_blocks
 
 BLOCK_PARAMS_FOR_UNITS = 50_000_000
 
@@ -56,7 +55,8 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dt
     groups = unit_groups(model, cfg.fsdp_units)
     if not groups:
         say("fsdp: sharding the model as one unit" + (" (no repeated blocks)" if find_blocks(model) is None else
-            f" (blocks under {BLOCK_PARAMS_FOR_UNITS / 1e6:.0f}M params; parallel.fsdp_units=\"blocks\" or N for more)"))
+            f" (blocks under {BLOCK_PARAMS_FOR_UNITS / 1e6:.0f}M params; "
+            "parallel.fsdp_units=\"blocks\" or N for more)"))
     else:
         say(f"fsdp: {len(groups)} units of {'/'.join(str(len(g)) for g in groups)} blocks, then the root")
     for i, group in enumerate(groups):

@@ -20,7 +20,8 @@ class ParallelConfig:
     reshard_after_forward: bool = True
     """FSDP2: free a unit's gathered parameters after its forward (less memory, one more all-gather)."""
     fsdp_units: Literal["auto", "blocks", "model"] | int = "auto"
-    """FSDP2 units: "model" (one), "blocks" (one per block), N runs of blocks; "auto": per block from 50M params a block."""
+    """FSDP2 units: "model" (one), "blocks" (one per block), N runs of blocks; "auto": per block from 50M params
+    a block."""
     straggler_ratio: float = 1.25
     """Warn when a rank's own time per step exceeds the others' median by this factor."""
     grad_compression: Literal["none", "bf16"] = "none"

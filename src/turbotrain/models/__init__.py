@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,8 @@ class ModelConfig:
     """The `[model]` section."""
 
     name: str = "gpt"
-    """"gpt" | "cnn" | "resnet" | "mlp" | "hf:<model_type>" (args: the HF config's) | "hf:/saved/dir" | "pkg.module:factory" (build(**args) -> nn.Module)."""
+    """"gpt" | "cnn" | "resnet" | "mlp" | "hf:<model_type>" (args: the HF config's) | "hf:/saved/dir" |
+    "pkg.module:factory" (build(**args) -> nn.Module)."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the model factory; data-derived ones (vocab_size, ...) are filled in and recorded."""
 

@@ -56,7 +56,8 @@ def check_name(name: str) -> None:
     """Config-time check of `model.name = "hf:..."` (no import of transformers)."""
     model_type, path = hf_target(name)
     if path is None and not model_type.replace("_", "").replace("-", "").isalnum():
-        raise UserError(f"model.name = {name!r}: expected 'hf:<model_type>' (e.g. 'hf:gpt2') or 'hf:/path/to/saved/dir'")
+        raise UserError(f"model.name = {name!r}: expected 'hf:<model_type>' (e.g. 'hf:gpt2') "
+                        "or 'hf:/path/to/saved/dir'")
 
 
 def head_of(model_type: str) -> str:
@@ -126,7 +127,8 @@ def _auto_class(transformers, head: str, cfg):
     if arch.endswith("ForSequenceClassification"):  # a saved classifier keeps its head
         return transformers.AutoModelForSequenceClassification
     return {"causal_lm": transformers.AutoModelForCausalLM,
-            "sequence_classification": transformers.AutoModelForSequenceClassification}.get(head, transformers.AutoModel)
+            "sequence_classification": transformers.AutoModelForSequenceClassification}.get(
+                head, transformers.AutoModel)
 
 
 def is_hf_model(model: Any) -> bool:

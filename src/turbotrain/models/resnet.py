@@ -67,5 +67,6 @@ def build(depth: int = 50, num_classes: int = 1000, in_channels: int = 3, base_w
     int_arg("model.args.in_channels", in_channels, 1)
     int_arg("model.args.base_width", base_width, 1)
     if isinstance(depth, bool) or depth not in layers:
-        raise UserError(f"model.args.depth = {depth}: expected one of {', '.join(map(str, sorted(layers)))} (bottleneck ResNets)")
+        raise UserError(f"model.args.depth = {depth}: expected one of {', '.join(map(str, sorted(layers)))} "
+                        "(bottleneck ResNets)")
     return ResNet(layers[depth], num_classes, in_channels, base_width)

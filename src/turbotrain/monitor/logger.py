@@ -59,9 +59,9 @@ class MetricsLogger:
         if enabled and sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                     TextColumn("{task.fields[info]}"))
+            self.progress = Progress(TextColumn("[bold]train"), BarColumn(),
+                                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                     TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
             self.task = self.progress.add_task("train", total=total_steps, completed=start_step, info="")
             self.progress.start()
 

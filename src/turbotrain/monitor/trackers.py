@@ -76,7 +76,8 @@ class CsvTracker:
         self.path, self.fields, self.rows = run_dir / "metrics.csv", ["step"], []
         if start_step and self.path.is_file() and not self.path.is_symlink():
             with open(self.path, newline="") as f:
-                self.rows = [r for r in csv.DictReader(f) if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
+                self.rows = [r for r in csv.DictReader(f)
+                             if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
             self.fields = list(dict.fromkeys(k for r in self.rows for k in r)) or ["step"]
         self._rewrite()
 
