@@ -19,7 +19,7 @@ import torch
 
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
-from turbotrain.files import write_report
+from turbotrain.files import make_dir, write_report
 from turbotrain.log import Heartbeat, run_logged, run_progress, say
 from turbotrain.models.structure import find_blocks
 
@@ -111,8 +111,10 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
     variants = variants or default_variants(cfg, on_gpu)
     for v in variants:
         variant_overrides(v, cfg)  # validate names before running anything
+    for tool in compare:
+        _check_compare(tool)
     out = Path(cfg.run.out_dir) / f"{cfg.run.name}-bench"
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     rows = []
     for v in variants:
         runs = []
@@ -166,13 +168,18 @@ def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
 PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"  # the comparator, in a source checkout
 
 
-def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path, repeats: int) -> dict:
-    """The same model, data and steps through another framework (bf16 + compile, see benchmarks/peers.py)."""
+def _check_compare(tool: str) -> None:
+    """A --compare name this checkout can run; checked before the first variant runs."""
     if tool not in ("accelerate", "fabric"):
         raise UserError(f"--compare: unknown framework {tool!r}; choose accelerate, fabric")
     if not PEERS.is_file():
         raise UserError(f"--compare runs the comparator benchmarks/peers.py of a source checkout; {PEERS} is not "
                         "there: run turbotrain from a clone of its repository (pip install -e .)")
+
+
+def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path, repeats: int) -> dict:
+    """The same model, data and steps through another framework (bf16 + compile, see benchmarks/peers.py)."""
+    _check_compare(tool)
     module = {"accelerate": "accelerate", "fabric": "lightning.fabric"}[tool]
     import importlib.util
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from torch import nn
 
 from turbotrain.errors import UserError
-from turbotrain.plugins import call_factory, load_object
+from turbotrain.plugins import call_factory, call_user, factory_label, load_object
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +61,8 @@ class Callback:
 
 def build_callbacks(specs: list[str], given: list | tuple = ()) -> list[Callback]:
     """Callbacks named in `train.callbacks` (each built with no arguments), then the ones given in Python."""
+    if not isinstance(given, (list, tuple)):
+        raise UserError(f"train(callbacks=...): got {type(given).__name__}; pass a list of callback objects")
     built = [call_factory(load_object(spec, "train.callbacks"), "train.callbacks") for spec in specs]
     for cb, name in zip([*built, *given], [*specs, *(type(g).__name__ for g in given)]):
         hooks = [h for h in ("on_train_start", "on_step_end", "on_log", "on_eval_end", "on_checkpoint",
@@ -79,7 +81,11 @@ def eval_metric_fns(train_cfg) -> dict:
     fns = {}
     for spec in train_cfg.eval_metrics:
         fn = load_object(spec, "train.eval_metrics")
-        fns[getattr(fn, "__name__", spec.rpartition(":")[2])] = fn
+        name = getattr(fn, "__name__", spec.rpartition(":")[2])
+        if name in fns or name in ("loss", "acc"):  # logged as val_<name>: it would replace another column
+            raise UserError(f"train.eval_metrics = {spec!r}: its name would be logged as val_{name}, which "
+                            f"{'another metric' if name in fns else 'turbotrain'} already writes; rename the function")
+        fns[name] = fn
     return fns
 
 
@@ -98,14 +104,17 @@ class Hooks:
 
     def call(self, hook: str, step: int, *args, loss: float | None = None) -> list:
         """Each callback's `hook(state, *args)`; the state is only built when some callback has the hook."""
-        fns = [getattr(cb, hook) for cb in self.callbacks if callable(getattr(cb, hook, None))]
+        fns = [(getattr(cb, hook), cb) for cb in self.callbacks if callable(getattr(cb, hook, None))]
         state = self.state(step, loss) if fns else None
-        return [fn(state, *args) for fn in fns]
+        return [call_user(fn, f"train.callbacks: {factory_label(type(cb))}.{hook}", state, *args) for fn, cb in fns]
 
     def log(self, row: dict) -> None:
         """At a log step: the callbacks see the row and may add numbers to it (never overwrite a key)."""
         self.row = MappingProxyType(dict(row))
         for extra in self.call("on_log", row["step"], loss=row.get("loss")):
+            if extra is not None and not isinstance(extra, Mapping):
+                raise UserError(f"train.callbacks: on_log returned {type(extra).__name__}; return None or a dict "
+                                "of new metric names to numbers")
             for key, value in (extra or {}).items():
                 if key in row or not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise UserError(f"train.callbacks: on_log returned {key!r} = {value!r}; extra metrics need new "

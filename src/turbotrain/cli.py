@@ -156,6 +156,9 @@ def _user_code_on_path(config: str | None) -> None:
 
 def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """`turbotrain train train.steps=3` — an override in the config slot means "default preset"."""
+    if config is not None and not config.strip():  # `train ""` or `train "$UNSET"`: never the default silently
+        raise UserError("CONFIG is an empty string; name a preset or a .toml file (or leave it out for "
+                        "the default preset gpt-shakespeare)")
     if config is not None and "=" in config:
         return None, [config, *overrides]
     return config, overrides
@@ -166,6 +169,16 @@ def _train(args: argparse.Namespace) -> None:
     from turbotrain.trainer import train
 
     train(load_config(args.config, args.overrides))
+
+
+def _check_processes(n: int, flag: str) -> None:
+    """A world size this host can start: at most its GPUs or CPU cores, whichever is more (a process each); a
+    typo such as --gpus 44 would otherwise spawn that many training processes."""
+    import torch
+
+    have = max(torch.cuda.device_count() if torch.cuda.is_available() else 0, os.cpu_count() or 1)
+    if n > have:
+        raise UserError(f"{flag} asks for {n} processes; this host has {have} GPUs or CPU cores: give at most {have}")
 
 
 def _scale(args: argparse.Namespace) -> None:
@@ -181,6 +194,7 @@ def _scale(args: argparse.Namespace) -> None:
         raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
+    _check_processes(max(gpus), "--gpus")
     run_scale(args.config, args.overrides, gpus, strategies, args.repeats)
 
 
@@ -199,6 +213,7 @@ def _tune(args: argparse.Namespace) -> None:
 
     if not args.budget_min > 0 or args.repeats < 0 or args.nproc < 1:
         raise UserError("--budget-min must be > 0, --repeats >= 0 and --nproc >= 1")
+    _check_processes(args.nproc, "--nproc")
     since = process_start() if getattr(args, "whole_process", False) else None
     run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,
              since)
@@ -259,8 +274,8 @@ def _report(args: argparse.Namespace) -> None:
 def _watch(args: argparse.Namespace) -> None:
     from turbotrain.watch import watch
 
-    if not args.interval > 0:
-        raise UserError("--interval must be > 0")
+    if not 0 < args.interval <= 86400:  # nan and inf too: time.sleep(inf) overflows
+        raise UserError(f"--interval {args.interval}: must be > 0 and at most 86400 seconds")
     watch(args.run_dir, once=args.once, interval_s=args.interval)
 
 

@@ -129,6 +129,8 @@ def _build_section(cls: type, table: Any, section: str) -> Any:
         # field says otherwise with dataclasses.field(metadata={"nonfinite": True})
         if isinstance(value, float) and not math.isfinite(value) and not fields[key].metadata.get("nonfinite"):
             raise UserError(f"{section}.{key} = {_show(value)}: must be a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            raise UserError(f"{section}.{key} = {value}: out of range (a 64-bit integer at most)")
         if isinstance(value, str) and _bad_text(value):
             rule = getattr(cls, f"{key.upper()}_RULE", None)  # e.g. RunConfig.NAME_RULE
             raise UserError(f"{section}.{key} = {_show(value)}: {_bad_text(value)}; {rule or 'remove it'}")

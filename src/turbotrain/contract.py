@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from turbotrain.errors import UserError
+from turbotrain.plugins import call_user
 
 # ---------------------------------------------------------------- arguments of the built-in factories
 
@@ -164,7 +165,7 @@ def check_item(item: Any, index: int, names: Names = Names()) -> None:
 
 
 def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
-                split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+                split: str = "train", micro: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """The first two items as one batch on `device` (what workload.first_batch does), with the item and
     collation contract checked. Call after the sampler has refused an empty or too-small dataset."""
     from turbotrain.data.datasets import TensorDataset  # datasets imports this module
@@ -172,11 +173,11 @@ def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
     if split != "train":
         names = Names(names.model, f"{names.data} ({split} split)", names.loss)
 
-    idx = list(range(min(2, len(ds))))
+    idx = list(range(min(2, micro, len(ds))))  # micro-batch 1: the forward sees one item, as training will
     if isinstance(ds, TensorDataset):
         batch = ds.__getitems__(idx)
     else:
-        items = [ds[i] for i in idx]
+        items = [call_user(ds.__getitem__, f"{names.data}: __getitem__({i})", i) for i in idx]
         for i, item in enumerate(items):
             check_item(item, i, names)
         try:
@@ -188,6 +189,18 @@ def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
         raise UserError(f"{names.data}: a batch is {_describe(batch)}, not (inputs, targets) tensors")
     return tuple(t.to(device) for t in batch)
+
+
+def check_same_items(train: tuple, val: tuple, names: Names = Names()) -> None:
+    """The validation split's items must have the train split's per-item shapes and dtypes (the model is
+    checked on the train split only; a val split that differs would fail at the end of the run)."""
+    def sig(batch):
+        return [(tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")) for t in batch]
+
+    if sig(train) != sig(val):
+        show = lambda s: ", ".join(f"{list(shape)} {dtype}" for shape, dtype in s)  # noqa: E731
+        raise UserError(f"{names.data}: the validation items are ({show(sig(val))}) per (inputs, targets), the "
+                        f"training items ({show(sig(train))}); give both splits the same shapes and dtypes")
 
 
 # ---------------------------------------------------------------- model × data: the first forward and loss
@@ -321,6 +334,17 @@ def check_loss_value(loss: Any, who: str) -> None:
                         f"compute it from the model's output with torch ops")
 
 
+def metric_value(v: Any, who: str, device: torch.device) -> torch.Tensor:
+    """An eval metric's value for one batch as a float64 0-dim tensor on `device`: a Python/numpy number or a
+    one-element numeric tensor (read without a host sync); anything else is one UserError naming the metric."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype != torch.bool and not v.is_complex():
+        return v.detach().reshape(()).to(device=device, dtype=torch.float64)
+    if isinstance(v, (numbers.Real, np.number)) and not isinstance(v, (bool, np.bool_)):
+        return torch.tensor(float(v), dtype=torch.float64, device=device)
+    raise UserError(f"{who} returned {_describe(v)}; an eval metric returns one number per batch "
+                    f"(a float or a one-element tensor), e.g. reduce it with .mean()")
+
+
 def _hint(model: nn.Module, x: torch.Tensor) -> str:
     p = next((p for p in model.parameters() if p.is_floating_point()), None)
     if p is None:
@@ -354,9 +378,9 @@ def _first_forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: 
     except _Mismatch as e:
         raise UserError(f"{names.model} does not fit {names.data} (inputs {_describe(x)}): {e}; "
                         f"make the model's input sizes match the data") from None
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, MemoryError, UserError):
         raise
-    except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as e:
+    except Exception as e:  # any exception of the user's forward or loss is theirs to fix
         how = "forward(inputs, targets) (train.loss = \"model\")" if loss_fn is None else "forward(inputs)"
         raise UserError(f"{names.model} fails on the first batch of {names.data} (inputs {_describe(x)}, "
                         f"targets {_describe(y)}) in {how}: {type(e).__name__}: {_first_line(e)}"
@@ -371,9 +395,9 @@ def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, lo
     _check_targets(_builtin_loss(loss_fn), model, out, y, names, y_full)
     try:
         loss = loss_fn(out, y)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, MemoryError, UserError):
         raise
-    except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as e:
+    except Exception as e:  # any exception of the user's forward or loss is theirs to fix
         raise UserError(f"{names.loss} fails on the output of {names.model} ({_describe(out)}) and the "
                         f"targets of {names.data} ({_describe(y)}): {type(e).__name__}: {_first_line(e)}") from e
     check_loss_value(loss, names.loss)

@@ -119,9 +119,29 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
         raise UserError(f"{run_dir}: no such run directory")
     for d in (root / FINAL, root):
         if (d / WEIGHTS).is_file() and (d / "config.toml").is_file():
+            _check_final(d)
             return d
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
                     f"--format safetensors` writes one from its latest checkpoint")
+
+
+def _check_final(final: Path) -> None:
+    """A final/ whose final.json is damaged or whose weights no longer match its sha256 is refused: exporting or
+    loading it would hand out wrong weights (a folder without final.json, e.g. an exported one, is taken as is)."""
+    info_path = final / "final.json"
+    if not info_path.exists():
+        return
+    try:
+        info = json.loads(info_path.read_text())
+        if not isinstance(info, dict):
+            raise ValueError(f"a JSON {type(info).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        raise UserError(f"{info_path} is damaged ({' '.join(str(e).split())[:120]}); re-export from a checkpoint: "
+                        f"move {final} aside and run `turbotrain export` again") from None
+    want = info.get("sha256")
+    if want is not None and sha256(final / WEIGHTS) != want:
+        raise UserError(f"{final / WEIGHTS} does not match the sha256 in final.json (damaged or replaced); "
+                        f"move {final} aside and run `turbotrain export` again to rebuild it from a checkpoint")
 
 
 def _build(config_toml: Path) -> tuple[nn.Module, object]:
@@ -170,17 +190,31 @@ def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None =
     root = Path(run_dir).expanduser()
     if not root.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
+    dest = _export_dest(root, fmt, out)
     if not (root / FINAL / WEIGHTS).is_file() and not (root / WEIGHTS).is_file():
         _final_from_checkpoint(root)
     if fmt == "safetensors":
         final = _final_dir(root)
-        dest.mkdir(parents=True, exist_ok=True)
         for name in (WEIGHTS, "config.toml"):
             shutil.copyfile(final / name, dest / name)
     else:
         _export_hf(root, dest)
     say(f"export: {fmt} → {dest}")
+    return dest
+
+
+def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> Path:
+    """The export folder, created; never the run directory itself nor its final/ (an export there would
+    overwrite the run's own config.toml or weights), never over a file."""
+    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
+    if dest.resolve() in (root.resolve(), (root / FINAL).resolve()):
+        raise UserError(f"--out {dest}: is the run directory or its {FINAL}/; choose another folder, e.g. "
+                        f"{root / 'export' / fmt}")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {dest}: cannot create the export folder ({e.strerror or e}); choose another "
+                        "folder") from None
     return dest
 
 
@@ -235,6 +269,11 @@ def _final_from_checkpoint(root: Path) -> None:
         model.load_state_dict(state["model"])
     else:
         with open(path / "state.pt", "rb") as f:
-            model.load_state_dict(_safe_torch_load(f, "state.pt")["model"])
+            state = _safe_torch_load(f, "state.pt")["model"]
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:  # config.toml edited or replaced since the checkpoint
+            raise UserError(f"checkpoint {path} does not fit the model {config} builds "
+                            f"({' '.join(str(e).split())[:200]}); restore the run's config.toml") from None
     write_final(model, cfg, root, True)
     say(f"export: {root / FINAL} written from checkpoint {path.name} (the run did not finish)")

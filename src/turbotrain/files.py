@@ -14,6 +14,18 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def make_dir(path: Path) -> Path:
+    """`path` and its parents, created; a file in the way or a read-only parent is one UserError line."""
+    from turbotrain.errors import UserError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the folder {path} ({e.strerror or e}); check run.out_dir and run.name") \
+            from None
+    return path
+
+
 def write_report(folder: Path, stem: str, data: dict, markdown: str) -> None:
     """{stem}.json and {stem}.md side by side, and the markdown on the console."""
     (folder / f"{stem}.json").write_text(json.dumps(data, indent=2))

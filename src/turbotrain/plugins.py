@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import traceback
 from typing import Any
 
 from turbotrain.errors import UserError
@@ -66,4 +68,33 @@ def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
         raise UserError(f"{key}: {factory_label(fn)}() {e}" + (f"; {takes}" if takes else "")) from None
     except ValueError:  # no signature to check (some builtins)
         pass
-    return fn(*args, **kwargs)
+    if (getattr(fn, "__module__", None) or "").startswith("turbotrain."):
+        return fn(*args, **kwargs)  # a built-in factory raises its own UserErrors; anything else is a bug of ours
+    return call_user(fn, f"{key.replace('.args', '.name')} = {factory_label(fn)!r}", *args, **kwargs)
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def where(e: BaseException) -> str:
+    """" (at file.py:LINE)": the innermost frame of the traceback in the user's own code (not turbotrain,
+    torch or another installed package), or "" when there is none."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(_OURS) and "site-packages" not in f.filename
+              and not f.filename.startswith(os.path.dirname(os.__file__)) and not f.filename.startswith("<")]
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
+def call_user(fn: Any, who: str, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` where fn is the user's code: an exception raised in it becomes one UserError
+    naming `who` (e.g. "train.callbacks: mypkg.cbs:Log.on_log"), the exception and the line of the user's
+    file it came from. UserError and out-of-memory pass through (the CLI reports those itself)."""
+    import torch
+
+    try:
+        return fn(*args, **kwargs)
+    except (UserError, torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as e:
+        text = " ".join(str(e).split())[:200] or "(no message)"
+        raise UserError(f"{who} raised {type(e).__name__}: {text}{where(e)}; fix it there") from e

@@ -57,6 +57,13 @@ class Run:
         return self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta)
 
 
+def check_config(cfg) -> None:
+    """The Python API's `cfg` must be a Config (a path or a dict would fail deep inside with AttributeError)."""
+    if not isinstance(cfg, Config):
+        raise UserError(f"turbotrain.train(cfg): got {type(cfg).__name__}; pass a Config, e.g. "
+                        f"turbotrain.load_config(\"my.toml\", [\"train.steps=100\"])")
+
+
 def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
@@ -78,10 +85,13 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, env.rank, env.world_size,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
-    sample = contract.first_batch(train_ds, torch.device("cpu"), names)
+    sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
     contract.check_model_data(model, sample, loss_fn, names)
     if val_ds is not None and len(val_ds):
-        contract.first_batch(val_ds, torch.device("cpu"), names, split="val")
+        val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) \
+            if val_data is not None else names
+        contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
+                                  val_names)
     cost = _step_cost(model, sample, loss_fn, cfg, device, env.world_size)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
@@ -97,7 +107,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             rundir.trim_metrics(start_step)
     sampler.start_step = start_step
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
-                      cfg.memory.channels_last)
+                      cfg.memory.channels_last, who=names.data, first=sample)
     info = _info(cfg, trainee, n_params, cost, start_step, model)
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "

@@ -34,7 +34,7 @@ from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
 from turbotrain.distributed.fsdp import unit_groups
-from turbotrain.files import write_report
+from turbotrain.files import make_dir, write_report
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare
@@ -329,7 +329,7 @@ def _memory(run: Run, out: Path, suffix: str) -> dict:
 
 def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict:
     out, tr = run.rundir.path / "profile", run.trainee
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     on_gpu = tr.device.type == "cuda"
     suffix = "" if run.env.is_main else f"-rank{run.env.rank}"  # torchrun: one trace per rank, one report
     tr.model.train()

@@ -10,7 +10,6 @@ GPU utilisation and temperature, data wait — over steps, with the alerts of al
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +30,7 @@ class RunFiles:
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of a metric, finite values only."""
-        pts = [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))
-               and not isinstance(r.get(key), bool) and math.isfinite(r[key]) and "step" in r]
+        pts = [(r["step"], r[key]) for r in self.rows if _finite(r.get(key)) and _finite(r.get("step"))]
         return [p[0] for p in pts], [p[1] for p in pts]
 
     @property
@@ -40,15 +38,27 @@ class RunFiles:
         return ((self.profile or {}).get("breakdown_share") or {}).get("exposed_comm")
 
 
-def _jsonl(path: Path) -> list[dict]:
+def _finite(v) -> bool:
+    """A plottable number: int or float (not bool), finite and within ±1e300 (matplotlib's axis math overflows
+    beyond; comparing also keeps a 400-digit int from overflowing a float conversion)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
+
+
+def _jsonl(path: Path, step_key: bool = False) -> list[dict]:
+    """The dict rows of a JSON-lines file; lines that are not JSON (cut short, damaged bytes) are skipped, and
+    with `step_key` rows whose "step" is not a finite number too (they have no place on a step axis)."""
     out = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        try:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as e:
+            raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+        for line in text.splitlines():
             try:
                 obj = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(obj, dict):
+            if isinstance(obj, dict) and (not step_key or "step" not in obj or _finite(obj["step"])):
                 out.append(obj)
     return out
 
@@ -65,7 +75,7 @@ def load_run(run_dir: str | Path) -> RunFiles:
     path = Path(run_dir)
     if not (path / "metrics.jsonl").is_file():
         raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
-    return RunFiles(path, _jsonl(path / "metrics.jsonl"), _jsonl(path / "alerts.jsonl"),
+    return RunFiles(path, _jsonl(path / "metrics.jsonl", True), _jsonl(path / "alerts.jsonl", True),
                     _json(path / "summary.json"), _json(path / "profile" / "report.json"))
 
 
@@ -121,7 +131,7 @@ def render_png(run: RunFiles, path: Path) -> list[str]:
           "memory", "GiB", "no memory logged")
     _gpu_panel(a[4], run)
     _plot(a[5], run, [("data_wait_pct", "data wait")], "data wait", "% of step time", "no data wait logged")
-    rules = sorted({x.get("rule", "?") for x in run.alerts})
+    rules = sorted({str(x.get("rule", "?")) for x in run.alerts})
     fig.suptitle(f"{run.path.name}: {len(run.rows)} log rows, {len(run.alerts)} alert(s)"
                  + (f" ({', '.join(rules)})" if rules else "") + " — red lines: alerts")
     fig.tight_layout()
@@ -169,6 +179,15 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
 
     run = load_run(run_dir)
     png, md = run.path / "report.png", run.path / "report.md"
-    render_png(run, png)
+    for out in (png, md):  # written in place: never through a link, never over a folder
+        if out.is_symlink() or (out.exists() and not out.is_file()):
+            what = "a symbolic link" if out.is_symlink() else "not a regular file"
+            raise UserError(f"{out} is {what}; turbotrain does not write through links or over folders in a run "
+                            "directory: remove it and run report again")
+    try:
+        render_png(run, png)
+    except OSError as e:
+        raise UserError(f"cannot write {png} ({e.strerror or e}); check the run directory's permissions and free "
+                        "space") from None
     write_run_file(md, render_markdown(run, png.name))
     return png, md

@@ -29,6 +29,8 @@ class RunConfig:
         problem = self.name_problem(self.name)
         if problem:
             raise UserError(f"run.name = {self.name!r}: {problem}; {self.NAME_RULE}")
+        if not self.out_dir.strip():
+            raise UserError('run.out_dir = "": must name a folder ("." for the current one)')
         if any(ord(c) < 32 or ord(c) == 127 for c in self.out_dir):
             raise UserError(f"run.out_dir = {self.out_dir!r}: must be a path without control characters")
         if not 0 <= self.seed < 2**32:
@@ -90,7 +92,12 @@ def write_run_file(path: Path, text: str) -> None:
     if path.is_symlink():
         raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
                         f"directory: remove it or choose another run.name")
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:  # e.g. a folder where the file goes
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path} ({e.strerror or e}); remove what is there or choose another "
+                        "run.name") from None
 
 
 class RunDir:
@@ -116,7 +123,11 @@ class RunDir:
     def _take_lock(self) -> None:
         import fcntl
 
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:  # a folder, a link or an unwritable directory where the lock goes
+            raise UserError(f"cannot take the lock {self.path / '.lock'} ({e.strerror or e}); remove it or choose "
+                            "another run.name") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -154,14 +165,18 @@ class RunDir:
         path = self.path / "metrics.jsonl"
         if not path.exists() or path.is_symlink():
             return
+        try:
+            data = path.read_bytes()
+        except OSError as e:  # a folder where metrics.jsonl goes
+            raise UserError(f"cannot read {path} ({e.strerror or e}); move it aside to resume this run") from None
         kept = []
-        for line in path.read_text().splitlines():
+        for line in data.splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:  # a line cut short by a crash mid-write
+            except ValueError:  # a line cut short by a crash mid-write, or damaged bytes
                 continue
-            if isinstance(row, dict) and row.get("step", 0) <= step:
-                kept.append(line)
+            if isinstance(row, dict) and isinstance(row.get("step", 0), (int, float)) and row.get("step", 0) <= step:
+                kept.append(line.decode())
         write_run_file(path, "".join(r + "\n" for r in kept))
 
 

@@ -16,7 +16,7 @@ import torch
 
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
-from turbotrain.files import write_report
+from turbotrain.files import make_dir, write_report
 from turbotrain.log import run_logged, run_progress, say
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
@@ -41,7 +41,7 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
     if on_gpu and max(gpus) > torch.cuda.device_count():
         raise UserError(f"--gpus asks for {max(gpus)} GPUs, {torch.cuda.device_count()} visible")
     out = Path(cfg.run.out_dir) / f"{cfg.run.name}-scale"
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     rows = []
     for strategy in strategies:
         runs: dict[int, list[dict]] = {n: [] for n in sorted(gpus)}

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset, default_collate
 from turbotrain.accel import precision
 from turbotrain.accel.compile import disable_compile, is_compile_error
 from turbotrain.accel.optim import clip_grad_norm
+from turbotrain.contract import metric_value
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import eval_batches
 from turbotrain.distributed.ddp import DDP, grad_sync
@@ -19,6 +20,7 @@ from turbotrain.errors import UserError
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
 from turbotrain.pipeline import Trainee
+from turbotrain.plugins import call_user, factory_label
 
 
 @dataclass
@@ -148,8 +150,9 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
         if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
             sums[1] += (out.argmax(-1) == y).sum()
             sums[2] += y.numel()
-        for i, fn in enumerate(metrics.values()):
-            sums[3 + i] += torch.as_tensor(fn(out.float(), y), dtype=torch.float64, device=tr.device)
+        for i, (name, fn) in enumerate(metrics.items()):
+            sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),
+                                        f"train.eval_metrics: {factory_label(fn)}", tr.device)
     tr.model.train()
     # sync point, once per eval: sums over ranks
     total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
@@ -157,5 +160,5 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     row = {"val_loss": total[0] / n}
     if total[2]:
         row["val_acc"] = total[1] / total[2]
-    row.update({f"val_{name}": v / n for name, v in zip(metrics, total[3:])})
+    row.update({f"val_{name}": v / n if math.isfinite(v) else None for name, v in zip(metrics, total[3:])})  # JSON
     return row

@@ -24,7 +24,7 @@ from turbotrain.distributed.env import all_mean, shutdown
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor.run_monitor import RunMonitor
-from turbotrain.prepare import Run, prepare
+from turbotrain.prepare import Run, check_config, prepare
 from turbotrain.rundir import write_run_file
 from turbotrain.step import evaluate, first_train_step, train_step
 
@@ -36,15 +36,18 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
           loss_fn: LossFn | None = None, callbacks: list | tuple = ()) -> dict:
     """Train per `cfg` (a `Config`); returns the summary (also written to summary.json by rank 0).
     `callbacks`: objects with the hooks of `turbotrain.callbacks.Callback`, after those of train.callbacks."""
-    t_start, stop, run = time.perf_counter(), StopRequest(), None
-    try:  # the signal handlers stay on until the final checkpoint and summary are written
+    check_config(cfg)
+    t_start, stop, run = time.perf_counter(), None, None
+    try:
         cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)
-        run = prepare(cfg, model, train_data, val_data, loss_fn)
+        run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing to save
         hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
+        stop = StopRequest()  # from here until the final checkpoint and summary are written, a signal waits
         with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
             return _train(run, hooks, metrics, stop, t_start)
     finally:
-        stop.restore()
+        if stop is not None:
+            stop.restore()
         if run is not None:
             run.rundir.release()
         shutdown()

@@ -27,6 +27,7 @@ import torch
 from turbotrain.checkpoint import CheckpointConfig
 from turbotrain.config import DEFAULT_PRESET, load_config
 from turbotrain.errors import UserError
+from turbotrain.files import make_dir
 from turbotrain.log import say
 from turbotrain.tune_space import COMPILE_GUESS_S, Candidate, Ctx, Dimension, dimensions, probe_workload
 
@@ -94,7 +95,7 @@ class TrialRunner:
     def __init__(self, config: str | None, overrides: list[str], tune_dir: Path, nproc: int = 1):
         self.config, self.overrides, self.nproc = config, overrides, nproc
         self.dir = tune_dir / "trials"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
 
     def __call__(self, name: str, changes: dict, timeout_s: float, what: str, steps: int = TRIAL_STEPS,
                  fixed: list[str] = TRIAL_FIXED) -> dict:

@@ -63,6 +63,11 @@ def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float)
     if not isinstance(opt, torch.optim.Optimizer):
         raise UserError(f"train.optimizer = {spec!r}: the factory returned {type(opt).__name__}, not a "
                         "torch.optim.Optimizer")
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if left:  # those would silently never train
+        raise UserError(f"train.optimizer = {spec!r}: the optimizer it returned does not hold {len(left)} of the "
+                        f"model's trainable parameters (e.g. {left[0]}); build it from the param_groups it is given")
     say(f"optimizer: {type(opt).__name__} from {spec}, lr {lr:g}, weight decay {weight_decay:g}")
     return opt
 

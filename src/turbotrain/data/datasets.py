@@ -258,6 +258,9 @@ class DictItems(Dataset):
 def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     """`ds` itself when its items are pairs; a `DictItems` view when they are dicts (the first item decides).
     `who` names the dataset in errors. Usage: `train_data = map_dict_items(hf_dataset)`."""
+    if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or isinstance(ds, (str, bytes, torch.Tensor)):
+        raise UserError(f"{who}: got {type(ds).__name__}, not a map-style Dataset (an object with __getitem__ and "
+                        f"__len__ whose items are (inputs, targets)), e.g. torch.utils.data.TensorDataset(x, y)")
     if isinstance(ds, (TensorDataset, DictItems)) or not len(ds):
         return ds
     first = ds[0]

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from turbotrain.data.datasets import BUILTIN, TensorDataset, map_dict_items
 from turbotrain.errors import UserError
-from turbotrain.plugins import call_factory, is_import_spec, load_object
+from turbotrain.plugins import call_factory, is_import_spec, load_object, where
 
 Auto = Literal["auto"]
 
@@ -135,8 +135,12 @@ class Batches:
     """
 
     def __init__(self, ds: Dataset, sampler: StepSampler, device: torch.device, resident: bool,
-                 settings: dict | None = None, channels_last: bool = False):
+                 settings: dict | None = None, channels_last: bool = False, who: str = "the dataset",
+                 first: tuple | None = None):
         self.device, self.channels_last, self.wait_s = device, channels_last, 0.0
+        self.who, self.signature = who, None  # `first` batch's (shape[1:], dtype) of inputs and targets
+        if first is not None:
+            self.signature = tuple((tuple(t.shape[1:]), t.dtype) for t in first)
         self.resident = resident
         if resident:
             self.ds, self.sampler = ds.to(device), sampler
@@ -153,7 +157,7 @@ class Batches:
         # data wait = host time spent producing the next batch (loader queue, index generation); the
         # device-side gather of resident data is enqueued like the forward and counts as compute
         t0 = time.perf_counter()
-        batch = next(self._it)
+        batch = self._next_checked() if not self.resident else next(self._it)
         self.wait_s += time.perf_counter() - t0
         if self.resident:
             return self._move(self.ds.gather(batch))  # already on the device; only the layout may change
@@ -161,6 +165,28 @@ class Batches:
             return self._move(batch)
         with torch.cuda.stream(self.stream):  # async copy of pinned memory on the side stream
             return self._move(batch)
+
+    def _next_checked(self):
+        """The loader's next batch; the user's dataset failing (in __getitem__ or collation, in a worker or
+        not) or changing its items' shape or dtype after the first batch is one UserError naming it."""
+        try:
+            batch = next(self._it)
+        except (UserError, StopIteration, torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as e:
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]  # a worker's error: its last line says it
+            text = (lines[-1] if "Original Traceback" in str(e) else " ".join(lines)) if lines else type(e).__name__
+            raise UserError(f"{self.who}: reading a training batch failed: {type(e).__name__}: {text.strip()[:200]}"
+                            f"{where(e)}; every item must be an (inputs, targets) pair of the same shapes and "
+                            f"dtypes") from e
+        sig = tuple((tuple(t.shape[1:]), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in batch)
+        if self.signature is None:
+            self.signature = sig
+        elif sig != self.signature:
+            raise UserError(f"{self.who}: a batch of (inputs, targets) of per-item shape and dtype "
+                            f"({_show_sig(sig)}) after a first batch of ({_show_sig(self.signature)}); "
+                            f"every item's inputs, and its targets, need the same shape and dtype")
+        return batch
 
     def _resident_indices(self) -> Iterator[torch.Tensor]:
         """Index tensors already on the device: the epoch's permutation is uploaded once per epoch and
@@ -200,6 +226,10 @@ class Batches:
 
     def __iter__(self):
         return self
+
+
+def _show_sig(sig: tuple) -> str:
+    return ", ".join(f"{list(x[0])} {str(x[1])[6:]}" if isinstance(x, tuple) else x.__name__ for x in sig)
 
 
 def eval_batches(ds: Dataset, micro: int, n_batches: int, rank: int, world: int) -> list[torch.Tensor]:

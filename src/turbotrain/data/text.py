@@ -64,7 +64,7 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     and cached (in memory only when the cache is not writable)."""
     stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     tok_sum = file_sha256(_tokenizer_path(tokens)) if tokens not in ("char", "byte") else tokens
-    key = hashlib.sha256(json.dumps([stamp, tok_sum]).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict"]).encode()).hexdigest()[:20]  # older: lax
     root = cache_dir() / "text" / key
     sums = checksums(root)
     if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
@@ -91,10 +91,10 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
 
 def _read(p: Path) -> str:
     if p.suffix == ".txt":
-        return p.read_text(encoding="utf-8", errors="replace")
+        return _utf8(p)
     if p.suffix == ".jsonl":
         out = []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(_utf8(p).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -109,10 +109,27 @@ def _read(p: Path) -> str:
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError(f"data text: reading {p.name} needs pyarrow: pip install 'turbotrain[hf]' (datasets)") from None
-    table = pq.read_table(p)
+    try:
+        table = pq.read_table(p)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"data text: {p} is not a readable parquet file ({' '.join(str(e).split())[:160]})") from None
     if "text" not in table.column_names:
         raise UserError(f"data text: {p} has no \"text\" column (columns: {', '.join(table.column_names[:8])})")
     return "\n".join(str(t) for t in table.column("text").to_pylist() if t is not None)
+
+
+def _utf8(p: Path) -> str:
+    """The file as UTF-8 text; a binary or differently encoded file is refused (decoding it with
+    replacement characters would train on silently changed text)."""
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"data.args.path: {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it from the folder") from None
+    if "\x00" in text:
+        raise UserError(f"data.args.path: {p} holds NUL bytes, so it is binary, not text; remove it from the folder")
+    return text
 
 
 def _tokenizer_path(tokens: str) -> Path:

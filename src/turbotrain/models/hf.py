@@ -98,6 +98,11 @@ def _config(model_type: str, args: dict):
     if unknown:  # HF configs take any keyword silently: a typo (n_layers) would train the default model
         raise UserError(f"model.args.{unknown[0]}: not a field of {type(default).__name__}; valid model.args: "
                         f"{', '.join(sorted(k for k in default.to_dict() if not k.startswith('_'))[:40])}, ...")
+    sizes = [k for k, v in args.items() if isinstance(v, int) and not isinstance(v, bool) and v < 1
+             and isinstance(getattr(default, k, None), int) and getattr(default, k) >= 1
+             and (k.startswith(("n_", "num_")) or k.endswith(("_size", "_layers", "_heads", "positions", "_dim")))]
+    if sizes:  # e.g. n_layer = -1 builds a model with no blocks, silently
+        raise UserError(f"model.args.{sizes[0]} = {args[sizes[0]]}: must be an integer >= 1")
     vocab, special = args.get("vocab_size"), {}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # defaults past a small data vocabulary: none
         tok = getattr(default, key, None)
@@ -114,12 +119,25 @@ def build_hf(name: str, args: dict) -> nn.Module:
         if not (path / "config.json").is_file():
             raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); "
                             f"save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
-        cfg = transformers.AutoConfig.from_pretrained(path, **args)
-        head = head_of(cfg.model_type)
-        auto = _auto_class(transformers, head, cfg)
-        return HFModel(auto.from_pretrained(path, config=cfg))
-    cfg = _config(model_type, args)
-    return HFModel(_auto_class(transformers, head_of(model_type), cfg).from_config(cfg))
+        cfg = _hf_call(name, "its config.json", transformers.AutoConfig.from_pretrained, path, **args)
+        auto = _auto_class(transformers, head_of(cfg.model_type), cfg)
+        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg))
+    cfg = _hf_call(name, "model.args", _config, model_type, args)
+    return HFModel(_hf_call(name, "model.args", _auto_class(transformers, head_of(model_type), cfg).from_config, cfg))
+
+
+def _hf_call(name: str, what: str, fn, *args, **kwargs):
+    """transformers refusing a config or a saved directory (bad JSON, missing weights, a value of the wrong
+    type, sizes that do not divide) is one UserError naming model.name and what it refused."""
+    try:
+        return fn(*args, **kwargs)
+    except (UserError, torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as e:  # OSError, ValueError, TypeError, its own validation errors
+        text = " ".join(str(e).split())[:240] or type(e).__name__
+        fix = "fix model.args" if what == "model.args" else "save the model again with save_pretrained(dir)"
+        raise UserError(f"model.name = {name!r}: transformers refused {what}: {type(e).__name__}: {text}; {fix}") \
+            from None
 
 
 def _auto_class(transformers, head: str, cfg):
