@@ -11,6 +11,7 @@ from tests.faults.common import BASE_TOML, lit
 from tests.helpers import TESTS
 from turbotrain.cli import main
 from turbotrain.config import load_config
+from turbotrain.errors import UserError
 from turbotrain.trainer import train
 
 BASE = str(BASE_TOML)
@@ -156,7 +157,8 @@ def tb_scalars(tb_dir, tag: str) -> list[tuple[int, float]]:
 
 def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path):
     cfg = load_config(BASE, [f"run.out_dir={lit(tmp_path)}", "train.steps=8", "checkpoint.every=4"])
-    with pytest.raises(RuntimeError, match="crash for the test"):
+    # a callback's exception ends the run as a user error naming it (turbotrain.plugins.call_user)
+    with pytest.raises(UserError, match="crash for the test"):
         train(cfg, callbacks=[CrashAt(7)])  # logs steps 1-6, the checkpoint at 4: steps 5 and 6 are redone
     summary = train(cfg)
     assert summary["resumed_from"] == 4
