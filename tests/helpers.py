@@ -50,3 +50,23 @@ def count_host_reads(monkeypatch, run) -> int:
     finally:
         monkeypatch.undo()
     return counts["n"]
+
+
+def run_bounded(cmd: list[str], timeout: float, what: str, **popen):
+    """Run `cmd` in its own session; a hang fails the test after `timeout` s and takes every process of it
+    (torchrun's ranks too) with it, instead of eating the CI budget."""
+    import os
+    import signal
+    import subprocess
+
+    import pytest
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} hung for {timeout:.0f} s\n{out[-2000:]}{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

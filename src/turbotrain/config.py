@@ -97,7 +97,7 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return True, value
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A value as one line: strings quoted with control characters escaped."""
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
@@ -109,31 +109,31 @@ def _show(value: Any) -> str:
 def _bad_text(value: str) -> str | None:
     """Why a config string cannot be used (control characters, lone surrogates), or None."""
     bad = sorted({c for c in value if ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF})
-    return "contains " + ", ".join(_show(c) for c in bad) if bad else None
+    return "contains " + ", ".join(show_value(c) for c in bad) if bad else None
 
 
 def _build_section(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, dict):
-        raise UserError(f"[{section}] must be a table, got {_show(table)}")
+        raise UserError(f"[{section}] must be a table, got {show_value(table)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in table.items():
         if key not in fields:
-            raise UserError(f"unknown key {section}.{_show(key) if _bad_text(key) else key}; "
+            raise UserError(f"unknown key {section}.{show_value(key) if _bad_text(key) else key}; "
                             f"valid keys in [{section}]: {', '.join(fields)}")
         ok, value = _coerce(value, hints[key])
         if not ok:
-            raise UserError(f"{section}.{key} = {_show(value)}: expected {_describe(hints[key])}")
+            raise UserError(f"{section}.{key} = {show_value(value)}: expected {_describe(hints[key])}")
         # nan/inf pass every range check (nan < 0 is False): refused here for every float field, unless the
         # field says otherwise with dataclasses.field(metadata={"nonfinite": True})
         if isinstance(value, float) and not math.isfinite(value) and not fields[key].metadata.get("nonfinite"):
-            raise UserError(f"{section}.{key} = {_show(value)}: must be a finite number")
+            raise UserError(f"{section}.{key} = {show_value(value)}: must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
             raise UserError(f"{section}.{key} = {value}: out of range (a 64-bit integer at most)")
         if isinstance(value, str) and _bad_text(value):
             rule = getattr(cls, f"{key.upper()}_RULE", None)  # e.g. RunConfig.NAME_RULE
-            raise UserError(f"{section}.{key} = {_show(value)}: {_bad_text(value)}; {rule or 'remove it'}")
+            raise UserError(f"{section}.{key} = {show_value(value)}: {_bad_text(value)}; {rule or 'remove it'}")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -144,7 +144,7 @@ def config_from_dict(raw: dict) -> Config:
     kwargs = {}
     for name, table in raw.items():
         if name not in sections:
-            raise UserError(f"unknown section [{_show(name) if _bad_text(name) else name}]; "
+            raise UserError(f"unknown section [{show_value(name) if _bad_text(name) else name}]; "
                             f"valid sections: {', '.join(sections)}")
         kwargs[name] = _build_section(hints[name], table, name)
     return Config(**kwargs)
@@ -162,13 +162,13 @@ def apply_override(raw: dict, item: str) -> None:
     key, eq, text = item.partition("=")
     parts = key.strip().split(".")
     if not eq or len(parts) < 2 or not all(p.strip() for p in parts):
-        raise UserError(f"override {_show(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30")
+        raise UserError(f"override {show_value(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30")
     *path, last = (p.strip() for p in parts)
     node = raw
     for part in path:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise UserError(f"override {_show(item)}: {part} is not a table")
+            raise UserError(f"override {show_value(item)}: {part} is not a table")
     node[last] = parse_value(text.strip())
 
 
@@ -227,7 +227,7 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     """Read a preset or a file and the chain it `extends`; `chain` holds (identity, shown) of the files that
     extend this one, outermost first."""
     if _bad_text(source):
-        raise UserError(f"config {_show(source)}: {_bad_text(source)}; name a preset or a .toml file")
+        raise UserError(f"config {show_value(source)}: {_bad_text(source)}; name a preset or a .toml file")
     via = f" (extended by {chain[-1][1]})" if chain else ""
     path = config_path(source, base)
     if path is not None:
@@ -236,7 +236,7 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     else:
         preset = resources.files("turbotrain.presets") / f"{source}.toml"
         if not _is_preset(source):
-            raise UserError(f"no preset or file named {_show(source)}{via}; presets: {', '.join(list_presets())}")
+            raise UserError(f"no preset or file named {show_value(source)}{via}; presets: {', '.join(list_presets())}")
         ident, where = f"preset:{source}", f"preset {source}"
         text = preset.read_text(encoding="utf-8")
     seen = [i for i, _ in chain]
@@ -255,7 +255,7 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     parent_name = raw.pop("extends", None)
     if parent_name is not None:  # a user TOML may start from a preset or another file: extends = "gpt-shakespeare"
         if not isinstance(parent_name, str) or not parent_name.strip():
-            raise UserError(f"{where}: extends = {_show(parent_name)}: expected a preset name or a .toml path "
+            raise UserError(f"{where}: extends = {show_value(parent_name)}: expected a preset name or a .toml path "
                             'as a string, e.g. extends = "gpt-shakespeare"')
         parent = _load_source(parent_name.strip(), path.parent if path is not None else None,
                               (*chain, (ident, where)))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from turbotrain.config import Config
+from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
@@ -62,12 +62,8 @@ class _Changes:
         if old == value:
             return
         if why:  # an explicit setting overridden (auto values resolve quietly; config.toml shows them)
-            say(f"{section}.{key}: {_show(old)} → {_show(value)} ({why})")
+            say(f"{section}.{key}: {show_value(old)} → {show_value(value)} ({why})")
         self.cfg = replace(self.cfg, **{section: replace(getattr(self.cfg, section), **{key: value})})
-
-
-def _show(v) -> str:
-    return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def resolve(cfg: Config, facts: Facts) -> Config:

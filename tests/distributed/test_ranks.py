@@ -2,14 +2,13 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.helpers import userpkg_env
+from tests.helpers import run_bounded, userpkg_env
 
 TINY = ["model.args.n_layer=2", "model.args.n_embd=32", "model.args.n_head=2", "data.args.block_size=32",
         "precision.dtype=fp32", "model.args.dropout=0.0", "train.steps=6", "train.log_every=1"]
@@ -19,16 +18,7 @@ def run(tmp_path, nproc, *args, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"] if nproc else \
           [sys.executable, "-m", "turbotrain", "train", *args, f"run.out_dir={str(tmp_path)!r}"]
-    # a hang must fail fast (and take its ranks with it), not eat the CI budget
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd[3:6])} hung for 240 s\n{out[-2000:]}{err[-3000:]}")
-    r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    r = run_bounded(cmd, 240, " ".join(cmd[3:6]), env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
 

@@ -4,7 +4,6 @@ run, one metrics.jsonl with each step once; never two runs at world size 1."""
 import json
 import os
 import re
-import signal
 import socket
 import stat
 import subprocess
@@ -12,9 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.faults.common import BASE_TOML, subprocess_env
+from tests.helpers import run_bounded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "slurm.md"
 
@@ -70,15 +68,8 @@ def sbatch(tmp_path, ntasks: int, *overrides: str) -> subprocess.CompletedProces
         env.pop(k, None)
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # the script's `python`: ours
     (bin_dir / "python").chmod(stat.S_IRWXU)
-    proc = subprocess.Popen(["bash", str(tmp_path / "train.sbatch"), *overrides], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"sbatch recipe hung\n{out[-2000:]}{err[-3000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_bounded(["bash", str(tmp_path / "train.sbatch"), *overrides], 240, "the sbatch recipe", cwd=tmp_path,
+                       env=env)
 
 
 def test_the_sbatch_recipe_forms_one_world_of_two_tasks(tmp_path):

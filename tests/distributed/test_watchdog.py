@@ -2,15 +2,10 @@
 alerts with its stack and exits, and the whole job ends non-zero instead of hanging (rank 1, stuck in the
 gradient all-reduce, is ended by its own watchdog or by torchrun)."""
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 
-import pytest
-
-from tests.helpers import USERPKG, userpkg_env
+from tests.helpers import USERPKG, run_bounded, userpkg_env
 
 
 def test_a_rank_whose_data_blocks_ends_the_job(tmp_path):
@@ -19,14 +14,8 @@ def test_a_rank_whose_data_blocks_ends_the_job(tmp_path):
            "train.steps=40", 'data.name="userpkg.monitoring:blocks_at"', "data.args.after=28", "data.args.rank=0",
            "monitor.hang_timeout_s=2"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job hung despite the watchdog\n{out[-2000:]}{err[-3000:]}")
+    r = run_bounded(cmd, 150, "the job (despite the watchdog)", env=userpkg_env())
+    proc, out, err = r, r.stdout, r.stderr
     assert proc.returncode != 0, out[-2000:] + err[-2000:]
     lines = [json.loads(x) for x in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
     hung = {a["rank"]: a for a in lines if a["rule"] == "hung_step"}

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tests.helpers import userpkg_env  # noqa: E402
+from tests.helpers import run_bounded, userpkg_env  # noqa: E402
 from turbotrain import load, train  # noqa: E402
 from turbotrain.config import load_config  # noqa: E402
 from turbotrain.errors import UserError  # noqa: E402
@@ -133,15 +131,8 @@ def torchrun(tmp_path: Path, *args: str) -> None:
     toml.write_text(TOML)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "turbotrain",
            "train", str(toml), f"run.out_dir={str(tmp_path / 'runs')!r}", "data.batch_size=4", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun hung\n{out[-2000:]}{err[-2000:]}")
-    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    r = run_bounded(cmd, 240, "torchrun", env=userpkg_env())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
