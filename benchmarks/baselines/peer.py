@@ -1,12 +1,12 @@
 """Peer baselines: the same workload and recipe as plain_gpt.py / plain_resnet.py, trained through HF
 Accelerate or Lightning Fabric on one GPU.
 
-What each peer gets (the settings of the figures in docs/benchmarks.md): bf16 mixed precision by the
-framework (Accelerate `mixed_precision="bf16"`, Fabric `precision="bf16-mixed"`), torch.compile in mode
-"default" (Accelerate through its dynamo plugin, `dynamo_backend="inductor"`; Fabric by `torch.compile`
-before `setup`), the same fused optimizer, schedule and clipping (by the framework's own clip call), the
-loss inside the compiled module. No CUDA graphs unless --compile-mode reduce-overhead is given (for Fabric
-only: Accelerate's plugin is called with its default mode).
+What each peer gets — their best documented settings for the same math: bf16 mixed precision by the
+framework (Accelerate `mixed_precision="bf16"`, Fabric `precision="bf16-mixed"`), torch.compile in the mode
+given by --compile-mode (Accelerate through its `TorchDynamoPlugin(backend="inductor", mode=...)`, Fabric by
+`torch.compile(mode=...)` before `setup`; "reduce-overhead" gives both CUDA graphs), the same fused
+optimizer, schedule and clipping (by the framework's own clip call), the loss inside the compiled module,
+and for the convnet channels_last and `cudnn.benchmark` (common.py), TF32 for the fp32 leftovers.
 
     PYTHONPATH=src python benchmarks/baselines/peer.py --framework accelerate --workload gpt
     PYTHONPATH=src python benchmarks/baselines/peer.py --framework fabric --workload resnet
@@ -41,9 +41,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     if known.framework == "accelerate":
         from accelerate import Accelerator
+        from accelerate.utils import TorchDynamoPlugin
 
-        acc = Accelerator(mixed_precision="bf16" if cuda else "no", cpu=not cuda,
-                          dynamo_backend="inductor" if args.compile_mode != "none" else "no")
+        dynamo = (TorchDynamoPlugin(backend="inductor", mode=args.compile_mode) if args.compile_mode != "none"
+                  else TorchDynamoPlugin(backend="no"))
+        acc = Accelerator(mixed_precision="bf16" if cuda else "no", cpu=not cuda, dynamo_plugin=dynamo)
         model, opt = acc.prepare(module, opt)
         backward, clip = acc.backward, (lambda: acc.clip_grad_norm_(model.parameters(), args.clip))
     else:
