@@ -73,6 +73,13 @@ MONITOR = {
 }
 
 
+# issue 16: every turbotrain row times 60 steps (median of 10-step log windows, the first window's compile
+# and warm-up left out); the baselines time the median of their windows after untimed warm-up steps
+FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0"]
+FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
+              "attention_default": ['kernels.attention="default"']}
+
+
 def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
     """The suites, built for the world sizes asked (`--gpus`) and turbotrain's run folder `runs`."""
     out = f"run.out_dir='{runs}'"
@@ -139,6 +146,20 @@ def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
                                             "data.eval_batches=0", out, f"run.name=monitor_{state}_{i}",
                                             *MONITOR[state]), after="overhead" if (i, state) == (2, "off") else None)
              for i in (1, 2) for state in ("on", "off")]),
+        "faster-gpt": Suite(
+            "issue 16 on GPT-2 124M: turbotrain's preset and each lever off in turn, then plain PyTorch, Accelerate "
+            "and Fabric with the preset's compile mode (CUDA graphs), in one call", "nvidia-h200",
+            [*[Cmd(f"tt_gpt_{name}", tt("train", "gpt2-124m", *FASTER_RUN, *extra, out, f"run.name=gpt_{name}"))
+               for name, extra in FASTER_GPT.items()],
+             *[Cmd(c.label, c.argv + ["--compile-mode", "reduce-overhead"]) for c in gpt_peers]],
+            ),
+        "faster-resnet": Suite(
+            "issue 16 on ResNet-50: turbotrain's preset, then plain PyTorch, Accelerate and Fabric with the same "
+            "compile mode, channels_last and cudnn.benchmark, in one call", "nvidia-h200",
+            [Cmd("tt_resnet", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true", out,
+                                 "run.name=resnet")),
+             *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
+               for c in resnet_peers if "eager" not in c.label]]),
         "anchors": Suite(
             "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
             "nvidia-h200", [*gpt_peers, *resnet_peers]),
