@@ -35,9 +35,9 @@ class CompileConfig:
     coordinate_descent_tuning: bool = False
     """Inductor tunes pointwise/reduction launch configs (slower compile)."""
     cache: bool = True
-    """Keep inductor's, Triton's and torch's portable compile caches in `cache_dir`: later runs (or a node given a copy of the folder) compile warm."""
+    """Keep inductor's, Triton's and torch's portable compile caches in `cache_dir`: later runs start warm."""
     cache_dir: str = ""
-    """Folder of the compile caches ("": <turbotrain cache>/compile, the cache being $TURBOTRAIN_CACHE or ~/.cache/turbotrain)."""
+    """Compile cache folder, copyable to other nodes ("": $TURBOTRAIN_CACHE/compile or ~/.cache/turbotrain/compile)."""
 
     def __post_init__(self) -> None:
         if self.backend == "inductor":

@@ -74,12 +74,19 @@ def graph_digest(cfg) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def cache_folder(comp: CompileConfig, device: torch.device) -> Path | None:
+    """<cache>/compile/<torch + device>, or None when compile.cache is off."""
+    if not comp.cache:
+        return None
+    return (Path(comp.cache_dir).expanduser() if comp.cache_dir else default_root() / "compile") / device_key(device)
+
+
 def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -> CompileCache | None:
     """Point inductor's and Triton's caches into the cache folder and load the .bin of this config, if
     any. Call before anything compiles. None when compile or its cache is off (torch's defaults stay)."""
-    if not (comp.enabled and comp.cache and comp.backend == "inductor"):
+    folder = cache_folder(comp, device)
+    if folder is None or not comp.enabled or comp.backend != "inductor":
         return None
-    folder = (Path(comp.cache_dir).expanduser() if comp.cache_dir else default_root() / "compile") / device_key(device)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
