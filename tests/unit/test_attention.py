@@ -70,3 +70,13 @@ def test_one_forward_records_the_models_sdpa_calls():
     assert calls == [SdpaCall(q=(4, 2, 32, 8), k=(4, 2, 32, 8), v=(4, 2, 32, 8), dtype="bfloat16", is_causal=True,
                               mask=None, dropout_p=0.0, enable_gqa=False, count=3)]
     assert capture_sdpa_calls(model, (x,), torch.device("cpu"), "fp32")[0].dtype == "float32"
+
+
+def test_the_capture_does_not_trace_a_compiled_model():
+    from torch._dynamo.utils import counters
+
+    model = GPT(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    model.compile(backend="eager")
+    counters.clear()
+    calls = capture_sdpa_calls(model, (torch.randint(0, 64, (4, 32)),), torch.device("cpu"), "fp32")
+    assert calls[0].count == 2 and not counters["stats"]  # compiled later, under the chosen backend
