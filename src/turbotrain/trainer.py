@@ -77,6 +77,8 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         if tr.compiled:  # evaluation's graphs too, compiled after the first step
             save_compile_cache(run.compile_cache, run.env.is_main)
         summary.update(compile_fell_back=not tr.compiled, **compile_stats())
+        say(f"compile: {summary['compile_s']:.1f} s; FX graphs: {summary['fxgraph_cache_hit']} from the cache, "
+            f"{summary['fxgraph_cache_miss']} compiled")
     if run.env.is_main:
         write_run_file(run.rundir.path / "summary.json", json.dumps(summary, indent=2))
     hooks.call("on_train_end", done, summary, loss=summary["final_loss"])
