@@ -11,6 +11,9 @@ is rewritten after every command, so a call cut short still says what finished.
     python benchmarks/run.py bench-gpt --out benchmarks/results/2026-11-24-bench-gpt
     python benchmarks/run.py scale --gpus 1,2 --out /tmp/out --pack $OUT/results.tar.gz   # on the device tool
     python benchmarks/run.py profile --dry-run            # print the commands only
+    # cold on one machine, then warm on a fresh one carrying only the archive (see `compile-cache` in --list)
+    python benchmarks/run.py compile-cache --cache-tar $OUT/compile-cache.tar.gz --pack $OUT/results.tar.gz
+    python benchmarks/run.py compile-cache-warm --cache-tar compile-cache.tar.gz --pack $OUT/results.tar.gz
 
 Data for the real-data suites (`converge`, `profile`'s cnn-fashion) comes from TURBOTRAIN_CACHE, `.data`
 of the repository root when it exists (fetch it once where a registry is reachable:
@@ -35,6 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = "benchmarks/baselines"
 PY = sys.executable
+# the compile-cache suites' cache folder: outside the results, emptied before use, so only the tar can warm it
+COMPILE_CACHE = Path("/tmp/turbotrain-compile-cache")
+CACHE_MODES = {"ro": "reduce-overhead", "mat": "max-autotune-no-cudagraphs"}
+TAR_LIMIT = 16 << 20  # what the device tool returns per file
 
 
 @dataclass
@@ -80,8 +87,21 @@ FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
               "attention_default": ['kernels.attention="default"']}
 
 
-def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
-    """The suites, built for the world sizes asked (`--gpus`) and turbotrain's run folder `runs`."""
+def compile_cache_runs(out: str, phase: str, after: str) -> list[Cmd]:
+    """GPT-2 124M compiled in each cache mode with the cache in COMPILE_CACHE, then an eager run whose
+    kernels.attention="auto" is measured (its verdict is kept in the same folder)."""
+    cache = f"compile.cache_dir='{COMPILE_CACHE / 'compile'}'"
+    runs = [Cmd(f"{phase}_{m}", tt("train", "gpt2-124m", "train.steps=30", "checkpoint.every=0", f"compile.mode={mode}",
+                                   cache, out, f"run.name={phase}_{m}")) for m, mode in CACHE_MODES.items()]
+    attention = tt("train", "gpt2-124m", "train.steps=20", "checkpoint.every=0", "compile.enabled=false",
+                   "kernels.attention=auto", "precision.dtype=bf16", cache, out, f"run.name={phase}_attention_auto")
+    runs.append(Cmd(f"{phase}_attention_auto", attention, after=after))
+    return runs
+
+
+def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") -> dict[str, Suite]:
+    """The suites, built for the world sizes asked (`--gpus`), turbotrain's run folder `runs` and the
+    compile-cache suites' archive `cache_tar`."""
     out = f"run.out_dir='{runs}'"
     g = ",".join(map(str, gpus))
     gpt_peers = [Cmd("plain_gpt", baseline("plain_gpt.py")),
@@ -160,6 +180,17 @@ def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
                                  "run.name=resnet")),
              *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
                for c in resnet_peers if "eager" not in c.label]]),
+        "compile-cache": Suite(
+            "GPT-2 124M compiled cold (reduce-overhead, max-autotune-no-cudagraphs) into an empty cache folder, "
+            "packed into --cache-tar (<= 16 MiB) for compile-cache-warm on a fresh machine", "nvidia-h100-x1",
+            [Cmd("empty_cache", ["rm", "-rf", str(COMPILE_CACHE)]), *compile_cache_runs(out, "cold", "pack_cache")]),
+        "compile-cache-warm": Suite(
+            "compile-cache's runs again on a fresh machine, warm from --cache-tar only; compile_s cold vs warm "
+            "into compile_cache.json", "nvidia-h100-x1",
+            [Cmd("unpack_cache", ["bash", "-c", f"rm -rf {shlex.quote(str(COMPILE_CACHE))} && mkdir -p "
+                                  f"{shlex.quote(str(COMPILE_CACHE))} && tar -xzf {shlex.quote(cache_tar)} -C "
+                                  f"{shlex.quote(str(COMPILE_CACHE))}"]),
+             *compile_cache_runs(out, "warm", "cache_ratio")]),
         "anchors": Suite(
             "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
             "nvidia-h200", [*gpt_peers, *resnet_peers]),
@@ -202,7 +233,49 @@ def monitor_overhead(out: Path, runs: Path, env: dict, record: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
-FOLLOW_UPS = {"advice": follow_advice, "overhead": monitor_overhead}
+def _summary(runs: Path, name: str) -> dict:
+    path = runs / name / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def pack_cache(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """The cold runs' compile_s into COMPILE_CACHE/cold.json, then the folder as one .tar.gz at --cache-tar:
+    everything if it fits in 16 MiB, else the portable .bin files and verdicts alone."""
+    cold = {m: _summary(runs, f"cold_{m}").get("compile_s") for m in CACHE_MODES}
+    COMPILE_CACHE.mkdir(parents=True, exist_ok=True)
+    (COMPILE_CACHE / "cold.json").write_text(json.dumps({"compile_s": cold}, indent=2) + "\n")
+    tar = Path(record["cache_tar"])
+    portable = lambda i: i if i.isdir() or i.name.endswith((".bin", ".json")) else None  # noqa: E731
+    for what, keep in (("whole folder", None), ("portable .bin files only", portable)):
+        tmp = tar.with_name(tar.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as t:
+            t.add(COMPILE_CACHE, arcname=".", filter=keep)
+        tmp.replace(tar)
+        if tar.stat().st_size <= TAR_LIMIT:
+            break
+    result = {"cold_compile_s": cold, "cache_tar": str(tar), "tar_bytes": tar.stat().st_size, "packed": what}
+    (out / "compile_cache.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+def cache_ratio(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """compile_s cold (from the unpacked cold.json) and warm, their ratio, and the warm runs' cache hits."""
+    cold_file = COMPILE_CACHE / "cold.json"
+    cold = json.loads(cold_file.read_text())["compile_s"] if cold_file.exists() else {}
+    result = {}
+    for m, mode in CACHE_MODES.items():
+        s = _summary(runs, f"warm_{m}")
+        warm = s.get("compile_s")
+        result[mode] = {"cold_compile_s": cold.get(m), "warm_compile_s": warm,
+                        "warm_over_cold": warm / cold[m] if warm is not None and cold.get(m) else None,
+                        **{k: s.get(k) for k in ("compile_cache", "fxgraph_cache_hit", "fxgraph_cache_miss",
+                                                 "aot_autograd_cache_hit", "aot_autograd_cache_miss")}}
+    (out / "compile_cache.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+FOLLOW_UPS = {"advice": follow_advice, "overhead": monitor_overhead, "pack_cache": pack_cache,
+              "cache_ratio": cache_ratio}
 
 
 def git_commit() -> dict:
@@ -243,7 +316,8 @@ def pack(out: Path, tar_gz: Path) -> None:
     """The results folder as one archive, leaving out checkpoints and CUDA memory snapshots (large)."""
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
-        return None if "checkpoints" in parts or info.name.endswith(".pickle") else info
+        cache_tar = info.name.endswith("compile-cache.tar.gz")  # returned as its own file
+        return None if "checkpoints" in parts or info.name.endswith(".pickle") or cache_tar else info
     tmp = tar_gz.with_name(tar_gz.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(out, arcname=out.name, filter=keep)
@@ -286,10 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack", metavar="TAR_GZ", default=None,
                    help="also pack the results (no checkpoints, no memory snapshots) into this .tar.gz after every "
                         "command, for a device tool that returns only a few files: --pack $OUT/results.tar.gz")
+    p.add_argument("--cache-tar", default=None, metavar="TAR_GZ",
+                   help="compile-cache: where the cache folder is packed (default <out>/compile-cache.tar.gz); "
+                        "compile-cache-warm: the archive to start warm from")
     args = p.parse_args(argv)
     gpus = [int(x) for x in args.gpus.split(",")]
     out = Path(args.out).resolve()
-    table = suites(gpus, str(out / "runs"))
+    cache_tar = Path(args.cache_tar).resolve() if args.cache_tar else out / "compile-cache.tar.gz"
+    table = suites(gpus, str(out / "runs"), str(cache_tar))
     if args.list or not args.suite:
         for name, s in table.items():
             print(f"{name:18} {s.device:16} {s.about}")
@@ -312,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"suites": args.suite, "invocation": [Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])],
               "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **git_commit(),
               **machine(), "env": {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_"))},
-              "commands": [], "pack": str(Path(args.pack).resolve()) if args.pack else None}
+              "commands": [], "pack": str(Path(args.pack).resolve()) if args.pack else None,
+              "cache_tar": str(cache_tar)}
     write_record(out, record)
     failed = 0
     for name in args.suite:

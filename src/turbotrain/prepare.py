@@ -15,6 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from turbotrain import contract
+from turbotrain.accel.attention import measure_attention
+from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import map_dict_items
@@ -48,6 +50,7 @@ class Run:
     start_step: int
     cost: StepCost
     info: dict  # facts of the run for the summary
+    compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
 
     def save_checkpoint(self, step: int) -> Path:
         tr = self.trainee
@@ -97,7 +100,9 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
     check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
     ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size, sharded=cfg.parallel.strategy == "fsdp")
+    compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
     trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
+    cfg = _measured_attention(cfg, trainee, sample)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
     if env.is_main and not probe:
         if start_step == 0 and (moved := rundir.set_aside()):
@@ -108,12 +113,23 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     sampler.start_step = start_step
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
-    info = _info(cfg, trainee, n_params, cost, start_step, model)
+    info = {**_info(cfg, trainee, n_params, cost, start_step, model),
+            "compile_cache": compile_cache.info() if compile_cache else None}
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info)
+               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache)
+
+
+def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
+    """kernels.attention="auto" on a GPU (the resolver settles a CPU's) becomes the measured fastest backend:
+    with the model on the device and before the first step compiles (the backend is fixed at trace time)."""
+    if cfg.kernels.attention != "auto":
+        return cfg
+    choice = measure_attention(tr.step_module, sample, cfg.data.batch_size, tr.device, tr.dtype,
+                               cache_folder(cfg.compile, tr.device))
+    return replace(cfg, kernels=replace(cfg.kernels, attention=choice))
 
 
 def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Config, device: torch.device,

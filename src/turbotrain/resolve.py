@@ -77,9 +77,8 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, on_gpu)
-    if c.cfg.kernels.attention == "auto":
-        hopper = on_gpu and torch.cuda.get_device_capability(facts.device)[0] == 9
-        c.set("kernels", "attention", "cudnn" if hopper else "default")
+    if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
+        c.set("kernels", "attention", "default")
     if facts.data_args:
         c.set("model", "args", {**facts.data_args, **c.cfg.model.args})
     return c.cfg
