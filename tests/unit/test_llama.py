@@ -158,3 +158,30 @@ def test_fp8_without_torchao_names_the_extra():
 def test_fp8_bad_value_refused():
     with pytest.raises(UserError, match="precision.fp8"):
         load_config("llama-1b", ['precision.fp8="e4m3"'])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao (pip install turbotrain[fp8])")
+def test_fp8_converts_large_untied_linears_only():
+    """torchao's size filter per recipe, and a head tied to the embedding stays a plain, still tied Linear."""
+    from torch import nn
+
+    from turbotrain.accel.fp8 import apply_fp8
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(2048, 64)
+            self.up = nn.Linear(64, 2048, bias=False)  # N = 2048: large enough for tensorwise, not rowwise
+            self.small = nn.Linear(64, 32)
+            self.head = nn.Linear(64, 2048, bias=False)
+            self.head.weight = self.emb.weight
+
+    net = Net()
+    assert apply_fp8(net, "tensorwise", fsdp=False) == 1
+    assert type(net.up).__name__ == "Float8Linear" and type(net.small) is nn.Linear and type(net.head) is nn.Linear
+    assert net.head.weight is net.emb.weight
+    assert apply_fp8(Net(), "rowwise", fsdp=False) == 0
+    sharded = Net()
+    apply_fp8(sharded, "tensorwise", fsdp=True)  # FP8 all-gather: the weight becomes torchao's FSDP2 subclass
+    assert type(sharded.up.weight.data).__name__ == "WeightWithDynamicFloat8CastTensor"
+    assert apply_fp8(Net(), "off", fsdp=False) == 0
