@@ -16,6 +16,7 @@ from torch import nn
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
 from turbotrain.accel.compile import CompileConfig, apply_compile
+from turbotrain.accel.fp8 import apply_fp8
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.distributed.parallel import ParallelConfig
@@ -41,10 +42,15 @@ class Trainee:
 
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
-                     mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig) -> tuple[nn.Module, nn.Module, list]:
+                     mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
+                     fp8: str = "off") -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. to the device: everything after works on the device's parameters.
+    2b. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
+       so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
+       FSDP2, so fully_shard shards the FP8-aware weights and all-gathers them in FP8 (tensorwise); before
+       activation checkpointing, so the swap sees the plain block modules.
     3. channels_last: parameters in NHWC before compile traces them.
     4. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     5. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
@@ -54,6 +60,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     precision.apply_tf32(dtype)
     model = model.to(device)
+    apply_fp8(model, fp8, fsdp=par.strategy == "fsdp")
     if mem.channels_last:
         model = apply_channels_last(model)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
@@ -78,7 +85,7 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
-                                                    cfg.parallel)
+                                                    cfg.parallel, cfg.precision.fp8)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
     if cfg.parallel.strategy == "fsdp":

@@ -90,6 +90,7 @@ def _resolve_run(c: _Changes, facts: Facts) -> None:
 
 
 def _resolve_precision(c: _Changes, facts: Facts) -> None:
+    from turbotrain.accel.fp8 import check_fp8
     from turbotrain.accel.precision import resolve_dtype
 
     asked = c.cfg.precision.dtype
@@ -99,6 +100,10 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
                "CPU autocast is usually slower than fp32 without native bf16/fp16 matmul units"))
     c.set("precision", "dtype", resolve_dtype(asked, facts.device),
           "" if asked == "auto" else "this GPU has no bf16; fp16 with loss scaling instead")
+    check_fp8(c.cfg.precision.fp8, facts.device, c.cfg.precision.dtype)
+    if c.cfg.precision.fp8 != "off" and not c.cfg.compile.enabled:
+        say(f"warning: precision.fp8 = \"{c.cfg.precision.fp8}\" without compile.enabled: the FP8 casts run "
+            "as separate kernels and may cost more than the FP8 matmuls save")
 
 
 def _resolve_parallel(c: _Changes, facts: Facts) -> None:
