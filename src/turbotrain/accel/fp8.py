@@ -71,12 +71,3 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool) -> int:
     say(f"fp8: {recipe} scaling on {n} of {total} linear layers (the rest too small to gain, or tied)")
     return n
 
-
-def precompute_fsdp_scales(model: nn.Module, recipe: str, fsdp: bool) -> None:
-    """After the optimizer step under FSDP2 + "tensorwise": compute every FP8 weight's scale in one all-reduce
-    instead of one per weight at the next all-gather (torchao's precompute_float8_dynamic_scale_for_fsdp;
-    an optimization: without it the all-gather computes the same scales itself)."""
-    if fsdp and recipe == "tensorwise":
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-        precompute_float8_dynamic_scale_for_fsdp(model)
