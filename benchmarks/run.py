@@ -83,6 +83,11 @@ MONITOR = {
 # issue 16: every turbotrain row times 60 steps (median of 10-step log windows, the first window's compile
 # and warm-up left out); the baselines time the median of their windows after untimed warm-up steps
 FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0"]
+# issue 16's FP8 convergence check: a narrower Llama (4 layers, D 1536, SwiGLU 6144: wide enough that torchao's
+# size filter converts its MLP up/gate projections under rowwise and every linear under tensorwise) on Shakespeare
+FP8_CONVERGE = ["train.steps=1000", "train.eval_every=250", "data.eval_batches=8", "checkpoint.every=0",
+                "model.args.n_layer=4", "model.args.n_embd=1536", "model.args.n_head=12", "model.args.n_kv_head=4",
+                "model.args.ffn_hidden=6144", "compile.enabled=true"]
 FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
               "attention_default": ['kernels.attention="default"']}
 
@@ -180,6 +185,25 @@ def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") 
                                  "run.name=resnet")),
              *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
                for c in resnet_peers if "eager" not in c.label]]),
+        "faster-llama": Suite(
+            "issue 16 on llama-1b (one H200): turbotrain bf16 + compile, FP8 rowwise and tensorwise; Accelerate bf16 + "
+            "compile and Accelerate's FP8 (torchao) backend, in one call; needs torchao (carry .wheels)", "nvidia-h200",
+            [*[Cmd(f"tt_llama_{name}", tt("train", "llama-1b", "train.steps=40", "train.log_every=10",
+                                          "data.eval_batches=0", "checkpoint.every=0", *extra, out,
+                                          f"run.name=llama_{name}"))
+               for name, extra in (("bf16", []), ("fp8_rowwise", ['precision.fp8="rowwise"']),
+                                   ("fp8_tensorwise", ['precision.fp8="tensorwise"']))],
+             Cmd("accelerate_llama", baseline("peer.py", "--framework", "accelerate", "--workload", "llama",
+                                              "--steps", "30", "--warmup-steps", "5", "--windows", "3")),
+             Cmd("accelerate_llama_fp8", baseline("peer.py", "--framework", "accelerate", "--workload", "llama",
+                                                  "--fp8", "--steps", "30", "--warmup-steps", "5", "--windows", "3"))]),
+        "fp8-converge": Suite(
+            "issue 16: val loss of FP8 (rowwise, tensorwise) vs bf16 after 1,000 steps of a narrower Llama on "
+            "Shakespeare (carry .data and .wheels)", "nvidia-h200",
+            [Cmd(f"converge_llama_{name}", tt("train", "llama-shakespeare", *FP8_CONVERGE, *extra, out,
+                                              f"run.name=converge_{name}"))
+             for name, extra in (("bf16", []), ("fp8_rowwise", ['precision.fp8="rowwise"']),
+                                 ("fp8_tensorwise", ['precision.fp8="tensorwise"']))]),
         "compile-cache": Suite(
             "GPT-2 124M compiled cold (reduce-overhead, max-autotune-no-cudagraphs) into an empty cache folder, "
             "packed into --cache-tar (<= 16 MiB) for compile-cache-warm on a fresh machine", "nvidia-h100-x1",
