@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1",
+    path = [str(ROOT / "src"), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     if "TURBOTRAIN_CACHE" not in env and (ROOT / ".data").is_dir():
         env["TURBOTRAIN_CACHE"] = str(ROOT / ".data")
