@@ -16,6 +16,7 @@ from torch import nn
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
 from turbotrain.accel.compile import CompileConfig, apply_compile
+from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.distributed.parallel import ParallelConfig
@@ -58,6 +59,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     if fused_loss and loss_fn is not cross_entropy:  # a loss passed in code, which the resolver does not see
         raise UserError("kernels.fused_loss = true replaces the loss by the fused cross-entropy, but a loss "
                         "function was passed in code; drop it or set kernels.fused_loss=false")
+    fused = fused_linear_cross_entropy if fused_loss else None
     precision.apply_tf32(dtype)
     model = model.to(device)
     if mem.channels_last:
@@ -67,13 +69,13 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     if par.strategy == "ddp":
         from turbotrain.distributed.ddp import apply_ddp
 
-        model = step_module = apply_ddp(WithLoss(model, loss_fn, fused_loss), device, par)
+        model = step_module = apply_ddp(WithLoss(model, loss_fn, fused), device, par)
     else:
         if par.strategy == "fsdp":
             from turbotrain.distributed.fsdp import apply_fsdp
 
             model = apply_fsdp(model, device, world, precision.autocast_dtype(dtype), par)
-        step_module = WithLoss(model, loss_fn, fused_loss)
+        step_module = WithLoss(model, loss_fn, fused)
     if comp.scope == "model":
         compiled = apply_compile(step_module, comp)
     return model, step_module, compiled

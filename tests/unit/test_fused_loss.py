@@ -93,7 +93,7 @@ def test_tiny_gpt_trains_the_same_loss_curve_fused_or_not():
 def test_compiled_fullgraph_over_model_and_fused_loss():
     torch._dynamo.reset()
     model = build_gpt(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)
-    step = WithLoss(model, cross_entropy, fused_loss=True)
+    step = WithLoss(model, cross_entropy, fused_linear_cross_entropy)
     x, y = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8))
     want = _grad_of(step, x, y)
     got = _grad_of(torch.compile(step, backend="aot_eager", fullgraph=True), x, y)
@@ -105,7 +105,7 @@ def test_compiled_fullgraph_over_model_and_fused_loss():
 def test_compiled_under_cpu_autocast_matches_eager():
     torch._dynamo.reset()
     model = build_gpt(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)
-    step = WithLoss(model, cross_entropy, fused_loss=True)
+    step = WithLoss(model, cross_entropy, fused_linear_cross_entropy)
     x, y = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = step(x, y)

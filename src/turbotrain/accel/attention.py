@@ -24,7 +24,7 @@ class KernelsConfig:
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math"] = "default"
     """SDPA backend tried first ("auto": cuDNN on Hopper, torch's order elsewhere; a preference, not a restriction)."""
     fused_loss: bool = False
-    """LM head + cross-entropy as one chunked op (Triton on GPU): no full logits tensor; needs a model with `hidden` and `head`."""
+    """LM head + cross-entropy as one chunked op (Triton on GPU), no full logits; needs model `hidden` and `head`."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
