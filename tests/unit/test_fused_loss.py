@@ -16,7 +16,7 @@ from turbotrain.losses import cross_entropy, mse
 from turbotrain.models.gpt import build as build_gpt
 from turbotrain.models.structure import WithLoss
 from turbotrain.pipeline import apply_techniques
-from turbotrain.resolve import facts_of, resolve
+from turbotrain.resolve import Facts, facts_of, resolve
 
 CPU = torch.device("cpu")
 
@@ -137,6 +137,9 @@ def test_resolver_accepts_gpt_and_refuses_what_cannot_fuse():
         _resolved(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)))
     with pytest.raises(UserError, match="kernels.fused_loss.*train.loss"):
         _resolved(gpt, train={"loss": "mse"})
+    fsdp = config_from_dict({"kernels": {"fused_loss": True}, "parallel": {"strategy": "fsdp"}})
+    with pytest.raises(UserError, match="kernels.fused_loss.*FSDP2"):
+        resolve(fsdp, Facts(device=CPU, world_size=2, local_world_size=2, fused_loss_ready=True))
 
 
 def test_a_loss_passed_in_code_is_refused_with_fused_loss():
