@@ -120,12 +120,12 @@ def _mixed_addmm(device: torch.device, dtype: torch.dtype, out_dtype: torch.dtyp
     CUDA, bf16/fp16 into fp32, recent torch)."""
     if device.type != "cuda":
         return False
-    acc, a = torch.zeros(2, 2, dtype=out_dtype, device=device), torch.ones(2, 2, dtype=dtype, device=device)
+    acc, a = torch.ones(2, 2, dtype=out_dtype, device=device), torch.ones(2, 2, dtype=dtype, device=device)
     try:
         torch.addmm(acc, a, a, out_dtype=out_dtype, out=acc)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
-    return bool((acc == 2).all())
+    return bool((acc == 3).all())  # accumulated (1 + 2), not overwritten; one host sync, once per process
 
 
 def _reference_rows(logits: torch.Tensor, target: torch.Tensor, row_loss: torch.Tensor, ignore_index: int) -> None:
