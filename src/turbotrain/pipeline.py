@@ -17,10 +17,12 @@ from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
 from turbotrain.accel.compile import CompileConfig, apply_compile
 from turbotrain.accel.fp8 import apply_fp8
+from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.distributed.parallel import ParallelConfig
-from turbotrain.losses import LossFn
+from turbotrain.errors import UserError
+from turbotrain.losses import LossFn, cross_entropy
 from turbotrain.models.structure import WithLoss
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ class Trainee:
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
-                     fp8: str = "off") -> tuple[nn.Module, nn.Module, list]:
+                     fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. to the device: everything after works on the device's parameters.
@@ -57,7 +59,12 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     6. DDP or FSDP2. DDP wraps model + loss: dynamo breaks the graph at DDP's forward, so the loss stays with
        the head in the graph below.
     7. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
-       boundaries, so each bucket's all-reduce overlaps the rest of backward."""
+       boundaries, so each bucket's all-reduce overlaps the rest of backward.
+    The loss wrapper (6.) carries `fused_loss`: the head + cross-entropy as one chunked op (accel/fused_loss.py)."""
+    if fused_loss and loss_fn is not cross_entropy:  # a loss passed in code, which the resolver does not see
+        raise UserError("kernels.fused_loss = true replaces the loss by the fused cross-entropy, but a loss "
+                        "function was passed in code; drop it or set kernels.fused_loss=false")
+    fused = fused_linear_cross_entropy if fused_loss else None
     precision.apply_tf32(dtype)
     model = model.to(device)
     apply_fp8(model, fp8, fsdp=par.strategy == "fsdp")
@@ -68,13 +75,13 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     if par.strategy == "ddp":
         from turbotrain.distributed.ddp import apply_ddp
 
-        model = step_module = apply_ddp(WithLoss(model, loss_fn), device, par)
+        model = step_module = apply_ddp(WithLoss(model, loss_fn, fused), device, par)
     else:
         if par.strategy == "fsdp":
             from turbotrain.distributed.fsdp import apply_fsdp
 
             model = apply_fsdp(model, device, world, precision.autocast_dtype(dtype), par)
-        step_module = WithLoss(model, loss_fn)
+        step_module = WithLoss(model, loss_fn, fused)
     if comp.scope == "model":
         compiled = apply_compile(step_module, comp)
     return model, step_module, compiled
@@ -85,7 +92,8 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
-                                                    cfg.parallel, cfg.precision.fp8)
+                                                    cfg.parallel, fp8=cfg.precision.fp8,
+                                                    fused_loss=cfg.kernels.fused_loss)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
     if cfg.parallel.strategy == "fsdp":

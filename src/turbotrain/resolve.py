@@ -18,7 +18,7 @@ from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
-from turbotrain.models.structure import find_blocks
+from turbotrain.models.structure import find_blocks, supports_fused_loss
 
 RESIDENT_LIMIT_BYTES = 4 << 30  # "auto" keeps built-in datasets up to this size on the device
 
@@ -35,6 +35,7 @@ class Facts:
     data_args: dict | None = None  # data-derived model arguments the factory takes and the config leaves out
     in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
     cpus: int = 1
+    fused_loss_ready: bool = False  # the model has `hidden` and a bias-free `head` (models.structure)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -48,7 +49,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
-                 cpus=cpus)
+                 cpus=cpus, fused_loss_ready=supports_fused_loss(model))
 
 
 class _Changes:
@@ -77,6 +78,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, on_gpu)
+    _check_fused_loss(c.cfg, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -174,6 +176,20 @@ def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
         c.set("train", "optimizer_impl", "fused" if fused_ok and on_gpu else "foreach")
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
+
+
+def _check_fused_loss(cfg: Config, facts: Facts) -> None:
+    if not cfg.kernels.fused_loss:
+        return
+    if not facts.fused_loss_ready:
+        raise UserError("kernels.fused_loss = true needs a model with `hidden(idx)` (final-normed hidden states) and "
+                        "a bias-free nn.Linear `head`; set kernels.fused_loss=false")
+    if cfg.train.loss != "cross_entropy":
+        raise UserError(f"kernels.fused_loss = true fuses the head with cross-entropy, not train.loss = "
+                        f"{show_value(cfg.train.loss)}; set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
+    if cfg.parallel.strategy == "fsdp":
+        raise UserError("kernels.fused_loss = true calls the model's `hidden` and `head` apart, which FSDP2's "
+                        "forward hooks do not cover; use parallel.strategy=\"ddp\" or kernels.fused_loss=false")
 
 
 def effective_config(cfg: Config) -> Config:

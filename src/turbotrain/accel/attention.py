@@ -37,6 +37,8 @@ class KernelsConfig:
 
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math"] = "default"
     """SDPA backend tried first ("auto": fastest measured on the GPU, torch's order on a CPU; a preference only)."""
+    fused_loss: bool = False
+    """LM head + cross-entropy as one chunked op (Triton on GPU), no full logits; needs model `hidden` and `head`."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
