@@ -44,6 +44,9 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
+    1b. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
+       only that stage reaches the device; activation checkpointing and per-block compile then wrap the
+       stage's own blocks. The schedule over the stage takes the place of DDP/FSDP2 in step 6.
     2. to the device: everything after works on the device's parameters.
     3. channels_last: parameters in NHWC before compile traces them.
     4. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
@@ -53,6 +56,10 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     7. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     precision.apply_tf32(dtype)
+    if par.strategy == "pipeline":
+        from turbotrain.distributed.pipeline_parallel import PipelineRunner, split_model
+
+        model, ties = split_model(model, torch.distributed.get_rank(), world)
     model = model.to(device)
     if mem.channels_last:
         model = apply_channels_last(model)
@@ -62,6 +69,8 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
         from turbotrain.distributed.ddp import apply_ddp
 
         model = step_module = apply_ddp(WithLoss(model, loss_fn), device, par)
+    elif par.strategy == "pipeline":
+        step_module = PipelineRunner(model, ties, loss_fn, device, par)
     else:
         if par.strategy == "fsdp":
             from turbotrain.distributed.fsdp import apply_fsdp

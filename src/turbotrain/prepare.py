@@ -20,7 +20,7 @@ from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed.env import DistEnv, init_distributed
-from turbotrain.distributed.parallel import resolve_strategy
+from turbotrain.distributed.parallel import data_parallel, resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
@@ -82,7 +82,8 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
-    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, env.rank, env.world_size,
+    dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size)
+    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
     sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
@@ -92,7 +93,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             if val_data is not None else names
         contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
                                   val_names)
-    cost = _step_cost(model, sample, loss_fn, cfg, device, env.world_size)
+    cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
     check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
