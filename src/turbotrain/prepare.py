@@ -48,11 +48,12 @@ class Run:
     start_step: int
     cost: StepCost
     info: dict  # facts of the run for the summary
+    shapes: dict  # the whole model's parameter shapes: a checkpoint's identity (a pipeline stage holds a part)
 
     def save_checkpoint(self, step: int) -> Path:
         tr = self.trainee
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
-                "param_shapes": param_shapes(tr.model), "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
+                "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
                 "config": to_toml(self.cfg)}
         return self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta)
 
@@ -97,7 +98,9 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
     check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
-    ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size, sharded=cfg.parallel.strategy == "fsdp")
+    ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
+                        sharded=cfg.parallel.strategy in ("fsdp", "pipeline"),  # DCP: every rank writes its part
+                        flat_optim=cfg.parallel.strategy == "pipeline")
     trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
     if env.is_main and not probe:
@@ -114,7 +117,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info)
+               start_step=start_step, cost=cost, info=info, shapes=shapes)
 
 
 def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Config, device: torch.device,

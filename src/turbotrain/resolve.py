@@ -134,9 +134,6 @@ def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
     if cfg.train.loss == "model" or cfg.precision.dtype == "fp16":
         raise UserError(f"{why} needs the loss on the last stage and no fp16 loss scaling: set train.loss to a "
                         "loss function and precision.dtype to \"bf16\" or \"fp32\"")
-    if cfg.checkpoint.every or cfg.checkpoint.resume not in ("auto", "never"):
-        raise UserError(f"{why}: checkpoints and resume are not supported under pipeline parallelism yet; "
-                        "set checkpoint.every = 0 and checkpoint.resume = \"auto\"")
     if cfg.checkpoint.final:
         c.set("checkpoint", "final", False, "each pipeline stage holds only its part of the model")
     chunks, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
