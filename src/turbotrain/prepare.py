@@ -113,9 +113,10 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = _info(cfg, trainee, n_params, cost, start_step, model)
+    stages = f" ({env.world_size} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
-        f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")
+        f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
                start_step=start_step, cost=cost, info=info, shapes=shapes)
 
