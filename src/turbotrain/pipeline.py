@@ -48,6 +48,9 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
                      fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
+    1b. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
+       only that stage reaches the device; activation checkpointing and per-block compile then wrap the
+       stage's own blocks. The schedule over the stage takes the place of DDP/FSDP2 in step 6.
     2. to the device: everything after works on the device's parameters.
     2b. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
        so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
@@ -66,6 +69,10 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
                         "function was passed in code; drop it or set kernels.fused_loss=false")
     fused = fused_linear_cross_entropy if fused_loss else None
     precision.apply_tf32(dtype)
+    if par.strategy == "pipeline":
+        from turbotrain.distributed.pipeline_parallel import PipelineRunner, split_model
+
+        model, ties = split_model(model, torch.distributed.get_rank(), world)
     model = model.to(device)
     apply_fp8(model, fp8, fsdp=par.strategy == "fsdp")
     if mem.channels_last:
@@ -76,6 +83,8 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
         from turbotrain.distributed.ddp import apply_ddp
 
         model = step_module = apply_ddp(WithLoss(model, loss_fn, fused), device, par)
+    elif par.strategy == "pipeline":
+        step_module = PipelineRunner(model, ties, loss_fn, device, par)
     else:
         if par.strategy == "fsdp":
             from turbotrain.distributed.fsdp import apply_fsdp

@@ -9,8 +9,9 @@ from turbotrain.errors import UserError
 
 @dataclass
 class ParallelConfig:
-    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
-    """"auto": ddp when WORLD_SIZE > 1, else none; ddp and fsdp (FSDP2) run under torchrun."""
+    strategy: Literal["auto", "none", "ddp", "fsdp", "pipeline"] = "auto"
+    """"auto": ddp when WORLD_SIZE > 1, else none; ddp, fsdp (FSDP2) and pipeline (one stage of blocks per
+    rank) run under torchrun."""
     bucket_cap_mb: int = 100
     """DDP gradient bucket size; under compile each bucket also splits the graph, so fewer is faster."""
     static_graph: bool = False
@@ -26,12 +27,19 @@ class ParallelConfig:
     """Warn when a rank's own time per step exceeds the others' median by this factor."""
     grad_compression: Literal["none", "bf16"] = "none"
     """Reduce gradients in bf16: half the bytes on the wire (helps FSDP2; DDP's hook loses to native buckets)."""
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    """Pipeline schedule: "1f1b" (a chunk's backward as soon as it can: fewer activations held) or "gpipe"
+    (all forwards, then all backwards)."""
+    pp_microbatches: int = 0
+    """Pipeline: chunks each micro-batch is split into (must divide data.batch_size); 0 = 2 x stages."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb < 1:
             raise UserError(f"parallel.bucket_cap_mb = {self.bucket_cap_mb}: must be >= 1")
         if isinstance(self.fsdp_units, int) and self.fsdp_units < 1:
             raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
+        if self.pp_microbatches < 0:
+            raise UserError(f"parallel.pp_microbatches = {self.pp_microbatches}: must be >= 1 (0 = 2 x stages)")
         if self.straggler_ratio <= 1:
             raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
 
@@ -43,3 +51,9 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
     if strategy == "none" and world_size > 1:
         raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\" or \"fsdp\"")
     return strategy
+
+
+def data_parallel(strategy: str, rank: int, world_size: int) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel world size): under "pipeline" the ranks are stages of one model
+    replica, and every one of them reads the same batches."""
+    return (0, 1) if strategy == "pipeline" else (rank, world_size)
