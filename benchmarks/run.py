@@ -40,7 +40,7 @@ BASELINES = "benchmarks/baselines"
 PY = sys.executable
 # the compile-cache suites' cache folder: outside the results, emptied before use, so only the tar can warm it
 COMPILE_CACHE = Path("/tmp/turbotrain-compile-cache")
-CACHE_MODES = {"ro": "reduce-overhead", "mat": "max-autotune-no-cudagraphs"}
+CACHE_MODES = {"ro": "reduce-overhead", "mat": "max-autotune-no-cudagraphs"}  # --cache-modes picks some
 TAR_LIMIT = 16 << 20  # what the device tool returns per file
 
 
@@ -82,14 +82,16 @@ MONITOR = {
 
 # issue 16: every turbotrain row times 60 steps (median of 10-step log windows, the first window's compile
 # and warm-up left out); the baselines time the median of their windows after untimed warm-up steps
-FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0"]
+FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0",
+              "checkpoint.final=false"]
 # issue 16's FP8 convergence check: a narrower Llama (4 layers, D 1536, SwiGLU 6144: wide enough that torchao's
 # size filter converts its MLP up/gate projections under rowwise and every linear under tensorwise) on Shakespeare
 FP8_CONVERGE = ["train.steps=1000", "train.eval_every=250", "data.eval_batches=8", "checkpoint.every=0",
                 "model.args.n_layer=4", "model.args.n_embd=1536", "model.args.n_head=12", "model.args.n_kv_head=4",
                 "model.args.ffn_hidden=6144", "compile.enabled=true"]
 FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
-              "attention_default": ['kernels.attention="default"']}
+              "attention_default": ['kernels.attention="default"'],
+              "neither": ["kernels.fused_loss=false", 'kernels.attention="default"']}
 
 
 def compile_cache_runs(out: str, phase: str, after: str) -> list[Cmd]:
@@ -341,7 +343,8 @@ def pack(out: Path, tar_gz: Path) -> None:
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
         cache_tar = info.name.endswith("compile-cache.tar.gz")  # returned as its own file
-        return None if "checkpoints" in parts or info.name.endswith(".pickle") or cache_tar else info
+        big = "checkpoints" in parts or "final" in parts or info.name.endswith((".pickle", ".safetensors", ".pt"))
+        return None if big or cache_tar else info
     tmp = tar_gz.with_name(tar_gz.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(out, arcname=out.name, filter=keep)
@@ -387,7 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-tar", default=None, metavar="TAR_GZ",
                    help="compile-cache: where the cache folder is packed (default <out>/compile-cache.tar.gz); "
                         "compile-cache-warm: the archive to start warm from")
+    p.add_argument("--cache-modes", default=",".join(CACHE_MODES),
+                   help=f"compile-cache suites: the compile modes to run, of {', '.join(CACHE_MODES)} (default all)")
     args = p.parse_args(argv)
+    modes = [m for m in args.cache_modes.split(",") if m]
+    if not modes or any(m not in CACHE_MODES for m in modes):
+        print(f"error: --cache-modes {args.cache_modes!r}: choose from {', '.join(CACHE_MODES)}", file=sys.stderr)
+        return 2
+    for m in set(CACHE_MODES) - set(modes):  # the follow-ups read CACHE_MODES too
+        del CACHE_MODES[m]
     gpus = [int(x) for x in args.gpus.split(",")]
     out = Path(args.out).resolve()
     cache_tar = Path(args.cache_tar).resolve() if args.cache_tar else out / "compile-cache.tar.gz"

@@ -45,7 +45,7 @@ class Trainee:
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
-                     fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     *, fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     1b. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so

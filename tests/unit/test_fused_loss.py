@@ -69,7 +69,7 @@ def _train(fused: bool, comp: CompileConfig, steps: int = 5) -> list[float]:
     torch.manual_seed(0)
     model = build_gpt(vocab_size=67, block_size=16, n_layer=2, n_head=2, n_embd=32)
     _, step_module, _ = apply_techniques(model, cross_entropy, CPU, 1, "fp32", MemoryConfig(), comp,
-                                         ParallelConfig(), fused)
+                                         ParallelConfig(), fused_loss=fused)
     opt = build_optimizer(model, "adamw", 1e-2, 0.1, CPU, "foreach")
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 67, (3, 16), generator=gen), torch.randint(0, 67, (3, 16), generator=gen)
@@ -145,7 +145,7 @@ def test_resolver_accepts_gpt_and_refuses_what_cannot_fuse():
 def test_a_loss_passed_in_code_is_refused_with_fused_loss():
     model = build_gpt(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)
     with pytest.raises(UserError, match="kernels.fused_loss"):
-        apply_techniques(model, mse, CPU, 1, "fp32", MemoryConfig(), CompileConfig(), ParallelConfig(), True)
+        apply_techniques(model, mse, CPU, 1, "fp32", MemoryConfig(), CompileConfig(), ParallelConfig(), fused_loss=True)
 
 
 @pytest.mark.gpu
