@@ -99,6 +99,7 @@ def compile_cache_runs(out: str, phase: str, after: str) -> list[Cmd]:
     kernels.attention="auto" is measured (its verdict is kept in the same folder)."""
     cache = f"compile.cache_dir='{COMPILE_CACHE / 'compile'}'"
     runs = [Cmd(f"{phase}_{m}", tt("train", "gpt2-124m", "train.steps=30", "checkpoint.every=0", f"compile.mode={mode}",
+                                   "kernels.fused_loss=true",  # the graph of 2026-11-23's cold run, our custom op in it
                                    cache, out, f"run.name={phase}_{m}")) for m, mode in CACHE_MODES.items()]
     attention = tt("train", "gpt2-124m", "train.steps=20", "checkpoint.every=0", "compile.enabled=false",
                    "kernels.attention=auto", "precision.dtype=bf16", cache, out, f"run.name={phase}_attention_auto")
