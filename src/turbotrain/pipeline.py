@@ -18,7 +18,8 @@ from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_chec
 from turbotrain.accel.compile import CompileConfig, apply_compile
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
-from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.distributed import meta_init
+from turbotrain.distributed.parallel import SHARDED, ParallelConfig
 from turbotrain.losses import LossFn
 from turbotrain.models.structure import WithLoss
 
@@ -41,10 +42,12 @@ class Trainee:
 
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
-                     mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig) -> tuple[nn.Module, nn.Module, list]:
+                     mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
+                     seed: int = 0) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
-    2. to the device: everything after works on the device's parameters.
+    2. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
+       is materialised here unless FSDP2 shards it first (then right after 6: only its shard ever exists).
     3. channels_last: parameters in NHWC before compile traces them.
     4. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     5. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
@@ -53,7 +56,10 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     7. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     precision.apply_tf32(dtype)
-    model = model.to(device)
+    sharded_meta = par.meta_init and par.strategy in SHARDED
+    if par.meta_init and not sharded_meta:
+        meta_init.materialize(model, device, seed)
+    model = model if sharded_meta else model.to(device)
     if mem.channels_last:
         model = apply_channels_last(model)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
@@ -63,10 +69,12 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
 
         model = step_module = apply_ddp(WithLoss(model, loss_fn), device, par)
     else:
-        if par.strategy == "fsdp":
+        if par.strategy in SHARDED:
             from turbotrain.distributed.fsdp import apply_fsdp
 
             model = apply_fsdp(model, device, world, precision.autocast_dtype(dtype), par)
+            if sharded_meta:
+                meta_init.materialize(model, device, seed)
         step_module = WithLoss(model, loss_fn)
     if comp.scope == "model":
         compiled = apply_compile(step_module, comp)
@@ -78,10 +86,10 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
-                                                    cfg.parallel)
+                                                    cfg.parallel, cfg.run.seed)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
-    if cfg.parallel.strategy == "fsdp":
+    if cfg.parallel.strategy in SHARDED:
         from turbotrain.distributed.fsdp import shard_local_step
 
         opt = shard_local_step(opt)

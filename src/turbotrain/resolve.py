@@ -35,6 +35,7 @@ class Facts:
     data_args: dict | None = None  # data-derived model arguments the factory takes and the config leaves out
     in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
     cpus: int = 1
+    on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -48,7 +49,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
-                 cpus=cpus)
+                 cpus=cpus, on_meta=any(p.is_meta for p in model.parameters()))
 
 
 class _Changes:
@@ -104,13 +105,20 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
 
 def _resolve_parallel(c: _Changes, facts: Facts) -> None:
     from turbotrain.distributed.fsdp import BLOCK_PARAMS_FOR_UNITS
-    from turbotrain.distributed.parallel import resolve_strategy
+    from turbotrain.distributed.parallel import SHARDED, resolve_strategy
 
     strategy = resolve_strategy(c.cfg.parallel.strategy, facts.world_size)
     c.set("parallel", "strategy", strategy)
     if strategy == "none" and c.cfg.parallel.grad_compression != "none":
         c.set("parallel", "grad_compression", "none", "one process has no gradients to reduce")
-    if strategy == "fsdp" and c.cfg.parallel.fsdp_units == "auto":
+    if strategy == "hsdp":
+        from turbotrain.distributed.parallel import hsdp_shape
+
+        c.set("parallel", "shard_size", hsdp_shape(facts.world_size, c.cfg.parallel.shard_size,
+                                                   facts.local_world_size)[1])
+    asked = c.cfg.parallel.meta_init
+    c.set("parallel", "meta_init", facts.on_meta, "a model passed to train() is built already" if asked is True else "")
+    if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":
         big = bool(facts.block_params) and max(facts.block_params) >= BLOCK_PARAMS_FOR_UNITS
         c.set("parallel", "fsdp_units", "blocks" if big else "model")
 
@@ -123,7 +131,7 @@ def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
         c.set("compile", "mode", "default", "CUDA graphs cannot hold DDP/FSDP collectives")
     if comp.mode == "reduce-overhead" and not on_gpu:
         c.set("compile", "mode", "default", "CUDA graphs need a GPU")
-    per_block_units = par.strategy == "fsdp" and (
+    per_block_units = par.strategy in ("fsdp", "hsdp") and (
         par.fsdp_units == "blocks"
         or (isinstance(par.fsdp_units, int) and par.fsdp_units >= len(facts.block_params) > 1))
     if per_block_units and comp.scope == "model":
