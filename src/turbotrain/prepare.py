@@ -69,6 +69,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
     names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
+    host = meta_init.HostPeak()
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
@@ -114,6 +115,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = _info(cfg, trainee, n_params, cost, start_step, model)
+    info["setup_host_growth_mb"] = host.growth_mb_per_rank()  # per rank; meta_init keeps it below the model
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")

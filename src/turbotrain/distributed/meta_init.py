@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from turbotrain.errors import UserError
@@ -113,3 +115,36 @@ def initialise(model: nn.Module, seed: int, fresh: bool) -> str | None:
         if callable(getattr(m, "reset_parameters", None)):
             m.reset_parameters()
     return f"reset_parameters() of {', '.join(names) or 'no module'}"
+
+
+class HostPeak:
+    """Peak host memory growth of this process from its creation (the set-up's, in `prepare`): the kernel's
+    high-water mark (VmHWM, reset through /proc/self/clear_refs where allowed) less the resident size at the
+    start. Linux only; elsewhere the figures are None."""
+
+    def __init__(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS
+        except OSError:
+            pass  # then VmHWM may include an earlier peak: the growth is overstated, never understated
+        self.start_kb = _status_kb("VmRSS")
+
+    def growth_mb_per_rank(self) -> list[float | None]:
+        """Every rank's growth in MiB (a collective under torch.distributed; [own] in one process)."""
+        peak = _status_kb("VmHWM")
+        mine = round((peak - self.start_kb) / 1024, 1) if peak is not None and self.start_kb is not None else None
+        if not (dist.is_available() and dist.is_initialized()):
+            return [mine]
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, mine)
+        return out
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
