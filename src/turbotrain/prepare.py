@@ -102,6 +102,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
                         sharded=cfg.parallel.strategy in SHARDED)
     trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
+    setup_growth = host.growth_mb_per_rank()  # per rank: data, model built, sharded and initialised
     if cfg.parallel.meta_init:
         contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
@@ -115,7 +116,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = _info(cfg, trainee, n_params, cost, start_step, model)
-    info["setup_host_growth_mb"] = host.growth_mb_per_rank()  # per rank; meta_init keeps it below the model
+    info["setup_host_growth_mb"] = setup_growth
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")

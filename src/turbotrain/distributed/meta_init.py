@@ -118,7 +118,8 @@ def initialise(model: nn.Module, seed: int, fresh: bool) -> str | None:
 
 
 class HostPeak:
-    """Peak host memory growth of this process from its creation (the set-up's, in `prepare`): the kernel's
+    """Peak host memory growth of this process from its creation (in `prepare`: until the model is built,
+    sharded and initialised; the first forward's gathers are the step's memory, not the build's): the kernel's
     high-water mark (VmHWM, reset through /proc/self/clear_refs where allowed) less the resident size at the
     start. Linux only; elsewhere the figures are None."""
 
