@@ -65,3 +65,18 @@ def test_a_user_model_is_reset_by_torch_convention():
     assert how == "reset_parameters() of LayerNorm, Linear"
     assert torch.equal(m[1].weight, torch.ones(4)) and m[0].weight.abs().max() <= 0.5  # kaiming bound 1/sqrt(4)
     assert meta_init.initialise(nn.Linear(2, 2), 0, fresh=False) is None  # a full-size user model is left alone
+
+
+def test_draws_do_not_depend_on_wrappers_or_chunking():
+    from turbotrain.models import init
+
+    plain = init.seeded(3, "blocks.0.fc.weight", 0).initial_seed()
+    assert init.seeded(3, "blocks.0._checkpoint_wrapped_module.fc.weight", 0).initial_seed() == plain
+    assert init.seeded(3, "blocks.0._orig_mod.fc.weight", 0).initial_seed() == plain
+    assert init.seeded(3, "blocks.0.fc.weight", 1).initial_seed() != plain
+    rows = init.CHUNK_ELEMENTS // 8 + 3  # a parameter of two chunks, the second partial
+    a, b = torch.empty(rows, 8), torch.empty(rows, 8)
+    init.normal_(a, 0, "w", 0.02)
+    init.normal_(b, 0, "w", 0.02)
+    assert torch.equal(a, b) and 0.019 < a.std().item() < 0.021
+    assert not torch.equal(a[:3], a[init.CHUNK_ELEMENTS // 8:])  # chunks draw from their own generators

@@ -3,10 +3,10 @@ device (shapes, no storage), sharded by FSDP2 or wrapped, then materialised on t
 (`to_empty`) and initialised there, so a model larger than the host or one GPU never exists whole.
 
 Initialisation, in this order of preference:
-- the model's seeded hook `init_weights(seed=...)` (the built-in models): every parameter from its own
-  generator seeded by (run seed, parameter name), drawn whole on the host one parameter at a time and cut to
-  this rank's shard, so a meta build, a full-size build and any sharding give the same values, and peak host
-  memory is one parameter;
+- the model's seeded hook `init_weights(seed=...)` (the built-in models): every parameter drawn on the host
+  in chunks of rows seeded by (run seed, parameter name, chunk), a rank drawing only its shard's chunks
+  (models/init.py), so a meta build, a full-size build and any sharding give the same values, and peak host
+  memory is one chunk;
 - a user model's own `init_weights()` (no arguments), else torch's convention: `reset_parameters()` of every
   module that has one. Each rank draws its own shard's values, so these differ from a full-size build's.
 

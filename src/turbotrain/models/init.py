@@ -17,8 +17,16 @@ from torch.distributed.tensor import DTensor
 CHUNK_ELEMENTS = 1 << 20  # 4 MiB of fp32 drawn at a time (whole rows; a row longer than this is one chunk)
 
 
+# path parts that wrappers add to parameter names (activation checkpointing, compile): a meta build is
+# initialised after the techniques wrap it, a full-size build before, and both must draw the same values
+WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
 def seeded(seed: int, name: str, chunk: int) -> torch.Generator:
-    """A CPU generator for one chunk: crc32 of (seed, name, chunk), the same in every process (unlike hash())."""
+    """A CPU generator for one chunk: crc32 of (seed, name without wrapper parts, chunk), the same in every
+    process (unlike hash())."""
+    for part in WRAPPER_PARTS:
+        name = name.replace(part, "")
     return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}:{chunk}".encode()))
 
 
