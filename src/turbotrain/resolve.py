@@ -184,13 +184,17 @@ def effective_config(cfg: Config) -> Config:
     """The config a `train` of `cfg` would run with, here and now, without training: builds the data and the
     model on the CPU to learn their facts. Usage: `print(to_toml(effective_config(cfg)))`."""
     from turbotrain.data.loader import build_dataset
+    from turbotrain.distributed import meta_init
     from turbotrain.distributed.env import DistEnv
-    from turbotrain.models import build_model
+    from turbotrain.distributed.parallel import resolve_strategy
+    from turbotrain.models import BUILTIN, build_model
     from turbotrain.workload import data_meta, resolve_device
 
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
     train_ds = build_dataset(cfg.data, "train")
     data_args = args_from_data(cfg.model, data_meta(train_ds))
-    model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    with meta_init.params_on_meta(meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)):
+        model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))  # as prepare builds it
     return resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
