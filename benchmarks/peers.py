@@ -1,9 +1,10 @@
 """A comparator for `turbotrain bench --compare`: the same model, data, batch, steps, optimizer (type,
 hyperparameters, fused kernel where there is one), LR schedule and clipping trained through HF Accelerate
-or Lightning Fabric with bf16 and torch.compile in mode "default" (Accelerate's dynamo plugin, Fabric's
-`torch.compile`; nothing else tuned), timed like ours. The loss is computed inside the module they
-compile, as their docs' examples and our baselines do: a loss outside the graph keeps fp32 logits in
-memory and slows them down (benchmarks/NOTES.md, session 3).
+or Lightning Fabric with their best documented settings for that math: bf16 by the framework, torch.compile
+in the compile mode of turbotrain's config (Accelerate's `TorchDynamoPlugin`, Fabric's `torch.compile`
+before `setup`; "reduce-overhead" gives them CUDA graphs too), channels_last and `cudnn.benchmark` where the
+config's memory format is channels_last, TF32 for fp32 leftovers, the loss inside the module they compile
+(a loss outside the graph keeps fp32 logits in memory and slows them down: benchmarks/NOTES.md, session 3).
 
 It is a benchmark harness, not part of the library: `turbotrain bench --compare` runs it from a source
 checkout in a fresh process: `python benchmarks/peers.py accelerate SUMMARY.json [CONFIG] [KEY=VALUE ...]`.
@@ -36,29 +37,38 @@ def _workload(cfg):
     ds = build_dataset(cfg.data, "train")
     data_args = args_from_data(cfg.model, data_meta(ds))
     model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
-    data = resolve(cfg, facts_of(device, model, ds, data_args)).data
+    eff = resolve(cfg, facts_of(device, model, ds, data_args))
+    data = eff.data
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    if eff.memory.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     micro = cfg.data.batch_size * cfg.train.grad_accum  # their loop: one batch per step, same global batch
     settings = None if data.device_resident else dict(
         num_workers=data.num_workers, pin_memory=data.pin_memory,
         prefetch_factor=data.prefetch_factor if data.num_workers else None,
         persistent_workers=data.persistent_workers and data.num_workers > 0)
     batches = Batches(ds, StepSampler(len(ds), micro, 1, seed=cfg.run.seed), device, data.device_resident, settings)
-    return model, ds, batches, device, micro
+    mode = eff.compile.mode if eff.compile.enabled else "none"
+    return model, ds, batches, device, micro, mode
 
 
-def _through(tool: str, model, opt, device):
+def _through(tool: str, model, opt, device, mode: str):
     """The model + loss and optimizer prepared by the framework with its bf16 + compile settings."""
     bf16 = device.type == "cuda"
     if tool == "accelerate":
         from accelerate import Accelerator
+        from accelerate.utils import TorchDynamoPlugin
 
-        acc = Accelerator(mixed_precision="bf16" if bf16 else "no", dynamo_backend="inductor", cpu=device.type == "cpu")
+        dynamo = TorchDynamoPlugin(backend="inductor", mode=mode) if mode != "none" else TorchDynamoPlugin(backend="no")
+        acc = Accelerator(mixed_precision="bf16" if bf16 else "no", dynamo_plugin=dynamo, cpu=device.type == "cpu")
         model, opt = acc.prepare(model, opt)
         return model, opt, acc.backward, acc.clip_grad_norm_
     from lightning.fabric import Fabric
 
     fabric = Fabric(accelerator="cuda" if bf16 else "cpu", devices=1, precision="bf16-mixed" if bf16 else "32-true")
-    model, opt = fabric.setup(torch.compile(model), opt)
+    model, opt = fabric.setup(torch.compile(model, mode=mode) if mode != "none" else model, opt)
     return model, opt, fabric.backward, lambda params, max_norm: fabric.clip_gradients(model, opt, max_norm=max_norm)
 
 
@@ -70,9 +80,9 @@ def main(argv: list[str]) -> int:
     n_warm = min(3, max(1, t.steps // 10))
     if t.steps <= n_warm:
         raise UserError(f"train.steps = {t.steps}: a comparator needs more steps than its {n_warm} warm-up step(s)")
-    model, ds, batches, device, micro = _workload(cfg)
+    model, ds, batches, device, micro, mode = _workload(cfg)
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, impl="auto")
-    model, opt, backward, clip = _through(tool, WithLoss(model, resolve_loss(t.loss)), opt, device)
+    model, opt, backward, clip = _through(tool, WithLoss(model, resolve_loss(t.loss)), opt, device, mode)
     sched = build_scheduler(opt, t.warmup_steps, t.steps, t.schedule)
 
     def step() -> torch.Tensor:
@@ -102,7 +112,8 @@ def main(argv: list[str]) -> int:
                "tokens_per_s": rate * tokens if tokens else None,
                "peak_mem_gib": peak_mem_gib(device), "final_loss": loss.item(), "val_loss": None, "val_acc": None,
                "compile_s": warm_s, "global_batch": micro, "mfu": None, "dtype": "bf16" if on_gpu else "fp32",
-               "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu", "framework": tool}
+               "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu", "framework": tool,
+               "compile_mode": mode}
     Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
     Path(summary_path).write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))

@@ -11,6 +11,9 @@ is rewritten after every command, so a call cut short still says what finished.
     python benchmarks/run.py bench-gpt --out benchmarks/results/2026-11-24-bench-gpt
     python benchmarks/run.py scale --gpus 1,2 --out /tmp/out --pack $OUT/results.tar.gz   # on the device tool
     python benchmarks/run.py profile --dry-run            # print the commands only
+    # cold on one machine, then warm on a fresh one carrying only the archive (see `compile-cache` in --list)
+    python benchmarks/run.py compile-cache --cache-tar $OUT/compile-cache.tar.gz --pack $OUT/results.tar.gz
+    python benchmarks/run.py compile-cache-warm --cache-tar compile-cache.tar.gz --pack $OUT/results.tar.gz
 
 Data for the real-data suites (`converge`, `profile`'s cnn-fashion) comes from TURBOTRAIN_CACHE, `.data`
 of the repository root when it exists (fetch it once where a registry is reachable:
@@ -35,6 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = "benchmarks/baselines"
 PY = sys.executable
+# the compile-cache suites' cache folder: outside the results, emptied before use, so only the tar can warm it
+COMPILE_CACHE = Path("/tmp/turbotrain-compile-cache")
+CACHE_MODES = {"ro": "reduce-overhead", "mat": "max-autotune-no-cudagraphs"}  # --cache-modes picks some
+TAR_LIMIT = 16 << 20  # what the device tool returns per file
 
 
 @dataclass
@@ -73,8 +80,35 @@ MONITOR = {
 }
 
 
-def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
-    """The suites, built for the world sizes asked (`--gpus`) and turbotrain's run folder `runs`."""
+# issue 16: every turbotrain row times 60 steps (median of 10-step log windows, the first window's compile
+# and warm-up left out); the baselines time the median of their windows after untimed warm-up steps
+FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0",
+              "checkpoint.final=false"]
+# issue 16's FP8 convergence check: a narrower Llama (4 layers, D 1536, SwiGLU 6144: wide enough that torchao's
+# size filter converts its MLP up/gate projections under rowwise and every linear under tensorwise) on Shakespeare
+FP8_CONVERGE = ["train.steps=1000", "train.eval_every=250", "data.eval_batches=8", "checkpoint.every=0",
+                "model.args.n_layer=4", "model.args.n_embd=1536", "model.args.n_head=12", "model.args.n_kv_head=4",
+                "model.args.ffn_hidden=6144", "compile.enabled=true"]
+FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
+              "attention_default": ['kernels.attention="default"'],
+              "neither": ["kernels.fused_loss=false", 'kernels.attention="default"']}
+
+
+def compile_cache_runs(out: str, phase: str, after: str) -> list[Cmd]:
+    """GPT-2 124M compiled in each cache mode with the cache in COMPILE_CACHE, then an eager run whose
+    kernels.attention="auto" is measured (its verdict is kept in the same folder)."""
+    cache = f"compile.cache_dir='{COMPILE_CACHE / 'compile'}'"
+    runs = [Cmd(f"{phase}_{m}", tt("train", "gpt2-124m", "train.steps=30", "checkpoint.every=0", f"compile.mode={mode}",
+                                   cache, out, f"run.name={phase}_{m}")) for m, mode in CACHE_MODES.items()]
+    attention = tt("train", "gpt2-124m", "train.steps=20", "checkpoint.every=0", "compile.enabled=false",
+                   "kernels.attention=auto", "precision.dtype=bf16", cache, out, f"run.name={phase}_attention_auto")
+    runs.append(Cmd(f"{phase}_attention_auto", attention, after=after))
+    return runs
+
+
+def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") -> dict[str, Suite]:
+    """The suites, built for the world sizes asked (`--gpus`), turbotrain's run folder `runs` and the
+    compile-cache suites' archive `cache_tar`."""
     out = f"run.out_dir='{runs}'"
     g = ",".join(map(str, gpus))
     gpt_peers = [Cmd("plain_gpt", baseline("plain_gpt.py")),
@@ -139,6 +173,50 @@ def suites(gpus: list[int], runs: str) -> dict[str, Suite]:
                                             "data.eval_batches=0", out, f"run.name=monitor_{state}_{i}",
                                             *MONITOR[state]), after="overhead" if (i, state) == (2, "off") else None)
              for i in (1, 2) for state in ("on", "off")]),
+        "faster-gpt": Suite(
+            "issue 16 on GPT-2 124M: turbotrain's preset and each lever off in turn, then plain PyTorch, Accelerate "
+            "and Fabric with the preset's compile mode (CUDA graphs), in one call", "nvidia-h200",
+            [*[Cmd(f"tt_gpt_{name}", tt("train", "gpt2-124m", *FASTER_RUN, *extra, out, f"run.name=gpt_{name}"))
+               for name, extra in FASTER_GPT.items()],
+             *[Cmd(c.label, c.argv + ["--compile-mode", "reduce-overhead"]) for c in gpt_peers]],
+            ),
+        "faster-resnet": Suite(
+            "issue 16 on ResNet-50: turbotrain's preset, then plain PyTorch, Accelerate and Fabric with the same "
+            "compile mode, channels_last and cudnn.benchmark, in one call", "nvidia-h200",
+            [Cmd("tt_resnet", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true", out,
+                                 "run.name=resnet")),
+             *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
+               for c in resnet_peers if "eager" not in c.label]]),
+        "faster-llama": Suite(
+            "issue 16 on llama-1b (one H200): turbotrain bf16 + compile, FP8 rowwise and tensorwise; Accelerate bf16 + "
+            "compile and Accelerate's FP8 (torchao) backend, in one call; needs torchao (carry .wheels)", "nvidia-h200",
+            [*[Cmd(f"tt_llama_{name}", tt("train", "llama-1b", "train.steps=40", "train.log_every=10",
+                                          "data.eval_batches=0", "checkpoint.every=0", *extra, out,
+                                          f"run.name=llama_{name}"))
+               for name, extra in (("bf16", []), ("fp8_rowwise", ['precision.fp8="rowwise"']),
+                                   ("fp8_tensorwise", ['precision.fp8="tensorwise"']))],
+             Cmd("accelerate_llama", baseline("peer.py", "--framework", "accelerate", "--workload", "llama",
+                                              "--steps", "30", "--warmup-steps", "5", "--windows", "3")),
+             Cmd("accelerate_llama_fp8", baseline("peer.py", "--framework", "accelerate", "--workload", "llama",
+                                                  "--fp8", "--steps", "30", "--warmup-steps", "5", "--windows", "3"))]),
+        "fp8-converge": Suite(
+            "issue 16: val loss of FP8 (rowwise, tensorwise) vs bf16 after 1,000 steps of a narrower Llama on "
+            "Shakespeare (carry .data and .wheels)", "nvidia-h200",
+            [Cmd(f"converge_llama_{name}", tt("train", "llama-shakespeare", *FP8_CONVERGE, *extra, out,
+                                              f"run.name=converge_{name}"))
+             for name, extra in (("bf16", []), ("fp8_rowwise", ['precision.fp8="rowwise"']),
+                                 ("fp8_tensorwise", ['precision.fp8="tensorwise"']))]),
+        "compile-cache": Suite(
+            "GPT-2 124M compiled cold (reduce-overhead, max-autotune-no-cudagraphs) into an empty cache folder, "
+            "packed into --cache-tar (<= 16 MiB) for compile-cache-warm on a fresh machine", "nvidia-h100-x1",
+            [Cmd("empty_cache", ["rm", "-rf", str(COMPILE_CACHE)]), *compile_cache_runs(out, "cold", "pack_cache")]),
+        "compile-cache-warm": Suite(
+            "compile-cache's runs again on a fresh machine, warm from --cache-tar only; compile_s cold vs warm "
+            "into compile_cache.json", "nvidia-h100-x1",
+            [Cmd("unpack_cache", ["bash", "-c", f"rm -rf {shlex.quote(str(COMPILE_CACHE))} && mkdir -p "
+                                  f"{shlex.quote(str(COMPILE_CACHE))} && tar -xzf {shlex.quote(cache_tar)} -C "
+                                  f"{shlex.quote(str(COMPILE_CACHE))}"]),
+             *compile_cache_runs(out, "warm", "cache_ratio")]),
         "anchors": Suite(
             "the baseline scripts alone on one GPU (plain PyTorch, Accelerate, Fabric; GPT-2 and ResNet-50)",
             "nvidia-h200", [*gpt_peers, *resnet_peers]),
@@ -181,7 +259,49 @@ def monitor_overhead(out: Path, runs: Path, env: dict, record: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
-FOLLOW_UPS = {"advice": follow_advice, "overhead": monitor_overhead}
+def _summary(runs: Path, name: str) -> dict:
+    path = runs / name / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def pack_cache(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """The cold runs' compile_s into COMPILE_CACHE/cold.json, then the folder as one .tar.gz at --cache-tar:
+    everything if it fits in 16 MiB, else the portable .bin files and verdicts alone."""
+    cold = {m: _summary(runs, f"cold_{m}").get("compile_s") for m in CACHE_MODES}
+    COMPILE_CACHE.mkdir(parents=True, exist_ok=True)
+    (COMPILE_CACHE / "cold.json").write_text(json.dumps({"compile_s": cold}, indent=2) + "\n")
+    tar = Path(record["cache_tar"])
+    portable = lambda i: i if i.isdir() or i.name.endswith((".bin", ".json")) else None  # noqa: E731
+    for what, keep in (("whole folder", None), ("portable .bin files only", portable)):
+        tmp = tar.with_name(tar.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as t:
+            t.add(COMPILE_CACHE, arcname=".", filter=keep)
+        tmp.replace(tar)
+        if tar.stat().st_size <= TAR_LIMIT:
+            break
+    result = {"cold_compile_s": cold, "cache_tar": str(tar), "tar_bytes": tar.stat().st_size, "packed": what}
+    (out / "compile_cache.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+def cache_ratio(out: Path, runs: Path, env: dict, record: dict) -> None:
+    """compile_s cold (from the unpacked cold.json) and warm, their ratio, and the warm runs' cache hits."""
+    cold_file = COMPILE_CACHE / "cold.json"
+    cold = json.loads(cold_file.read_text())["compile_s"] if cold_file.exists() else {}
+    result = {}
+    for m, mode in CACHE_MODES.items():
+        s = _summary(runs, f"warm_{m}")
+        warm = s.get("compile_s")
+        result[mode] = {"cold_compile_s": cold.get(m), "warm_compile_s": warm,
+                        "warm_over_cold": warm / cold[m] if warm is not None and cold.get(m) else None,
+                        **{k: s.get(k) for k in ("compile_cache", "fxgraph_cache_hit", "fxgraph_cache_miss",
+                                                 "aot_autograd_cache_hit", "aot_autograd_cache_miss")}}
+    (out / "compile_cache.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)
+
+
+FOLLOW_UPS = {"advice": follow_advice, "overhead": monitor_overhead, "pack_cache": pack_cache,
+              "cache_ratio": cache_ratio}
 
 
 def git_commit() -> dict:
@@ -222,7 +342,9 @@ def pack(out: Path, tar_gz: Path) -> None:
     """The results folder as one archive, leaving out checkpoints and CUDA memory snapshots (large)."""
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
-        return None if "checkpoints" in parts or info.name.endswith(".pickle") else info
+        cache_tar = info.name.endswith("compile-cache.tar.gz")  # returned as its own file
+        big = "checkpoints" in parts or "final" in parts or info.name.endswith((".pickle", ".safetensors", ".pt"))
+        return None if big or cache_tar else info
     tmp = tar_gz.with_name(tar_gz.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(out, arcname=out.name, filter=keep)
@@ -265,10 +387,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack", metavar="TAR_GZ", default=None,
                    help="also pack the results (no checkpoints, no memory snapshots) into this .tar.gz after every "
                         "command, for a device tool that returns only a few files: --pack $OUT/results.tar.gz")
+    p.add_argument("--cache-tar", default=None, metavar="TAR_GZ",
+                   help="compile-cache: where the cache folder is packed (default <out>/compile-cache.tar.gz); "
+                        "compile-cache-warm: the archive to start warm from")
+    p.add_argument("--cache-modes", default=",".join(CACHE_MODES),
+                   help=f"compile-cache suites: the compile modes to run, of {', '.join(CACHE_MODES)} (default all)")
     args = p.parse_args(argv)
+    modes = [m for m in args.cache_modes.split(",") if m]
+    if not modes or any(m not in CACHE_MODES for m in modes):
+        print(f"error: --cache-modes {args.cache_modes!r}: choose from {', '.join(CACHE_MODES)}", file=sys.stderr)
+        return 2
+    for m in set(CACHE_MODES) - set(modes):  # the follow-ups read CACHE_MODES too
+        del CACHE_MODES[m]
     gpus = [int(x) for x in args.gpus.split(",")]
     out = Path(args.out).resolve()
-    table = suites(gpus, str(out / "runs"))
+    cache_tar = Path(args.cache_tar).resolve() if args.cache_tar else out / "compile-cache.tar.gz"
+    table = suites(gpus, str(out / "runs"), str(cache_tar))
     if args.list or not args.suite:
         for name, s in table.items():
             print(f"{name:18} {s.device:16} {s.about}")
@@ -284,14 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1",
+    path = [str(ROOT / "src"), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     if "TURBOTRAIN_CACHE" not in env and (ROOT / ".data").is_dir():
         env["TURBOTRAIN_CACHE"] = str(ROOT / ".data")
     record = {"suites": args.suite, "invocation": [Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])],
               "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **git_commit(),
               **machine(), "env": {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_"))},
-              "commands": [], "pack": str(Path(args.pack).resolve()) if args.pack else None}
+              "commands": [], "pack": str(Path(args.pack).resolve()) if args.pack else None,
+              "cache_tar": str(cache_tar)}
     write_record(out, record)
     failed = 0
     for name in args.suite:

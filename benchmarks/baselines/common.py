@@ -31,6 +31,7 @@ from torch import nn
 
 GPT2 = {"vocab": 50304, "seq": 1024, "layers": 12, "heads": 12, "embd": 768, "batch": 16}
 RESNET50 = {"batch": 256, "image": 224, "classes": 1000}
+LLAMA1B = {"vocab": 128256, "seq": 2048, "batch": 4}  # the llama-1b preset; the model's defaults are its shapes
 POOL = 8  # distinct synthetic batches cycled through (a real loader would never repeat one)
 
 
@@ -113,6 +114,23 @@ def gpt_workload(args: argparse.Namespace, device: torch.device, seed: int = 0) 
                   n_embd=args.embd, dropout=0.0).to(device)
     g = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, GPT2["vocab"], (POOL, args.batch, args.seq + 1), device=device, generator=g)
+    step = iter(range(1 << 62))
+
+    def batches() -> tuple[torch.Tensor, torch.Tensor]:
+        d = data[next(step) % POOL]
+        return d[:, :-1], d[:, 1:]
+
+    return Workload(WithCrossEntropy(model), batches, args.batch * args.seq, "tok/s",
+                    model.flops_per_token(args.seq))
+
+
+def llama_workload(args: argparse.Namespace, device: torch.device, seed: int = 0) -> Workload:
+    from turbotrain.models.llama import build  # the llama-1b preset's model (Llama-3.2-1B shapes)
+
+    torch.manual_seed(0)
+    model = build(vocab_size=LLAMA1B["vocab"], block_size=args.seq).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    data = torch.randint(0, LLAMA1B["vocab"], (POOL, args.batch, args.seq + 1), device=device, generator=g)
     step = iter(range(1 << 62))
 
     def batches() -> tuple[torch.Tensor, torch.Tensor]:

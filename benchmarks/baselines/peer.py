@@ -1,15 +1,19 @@
 """Peer baselines: the same workload and recipe as plain_gpt.py / plain_resnet.py, trained through HF
 Accelerate or Lightning Fabric on one GPU.
 
-What each peer gets (the settings of the figures in docs/benchmarks.md): bf16 mixed precision by the
-framework (Accelerate `mixed_precision="bf16"`, Fabric `precision="bf16-mixed"`), torch.compile in mode
-"default" (Accelerate through its dynamo plugin, `dynamo_backend="inductor"`; Fabric by `torch.compile`
-before `setup`), the same fused optimizer, schedule and clipping (by the framework's own clip call), the
-loss inside the compiled module. No CUDA graphs unless --compile-mode reduce-overhead is given (for Fabric
-only: Accelerate's plugin is called with its default mode).
+What each peer gets — their best documented settings for the same math: bf16 mixed precision by the
+framework (Accelerate `mixed_precision="bf16"`, Fabric `precision="bf16-mixed"`), torch.compile in the mode
+given by --compile-mode (Accelerate through its `TorchDynamoPlugin(backend="inductor", mode=...)`, Fabric by
+`torch.compile(mode=...)` before `setup`; "reduce-overhead" gives both CUDA graphs), the same fused
+optimizer, schedule and clipping (by the framework's own clip call), the loss inside the compiled module,
+and for the convnet channels_last and `cudnn.benchmark` (common.py), TF32 for the fp32 leftovers.
 
     PYTHONPATH=src python benchmarks/baselines/peer.py --framework accelerate --workload gpt
     PYTHONPATH=src python benchmarks/baselines/peer.py --framework fabric --workload resnet
+    PYTHONPATH=src python benchmarks/baselines/peer.py --framework accelerate --workload llama --fp8
+
+--fp8 (Accelerate, llama): Accelerate's own FP8 backend on torchao (`mixed_precision="fp8"` with
+`AORecipeKwargs()`, its documented defaults), on top of the same compile.
 """
 from __future__ import annotations
 
@@ -26,24 +30,40 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     pick = argparse.ArgumentParser(add_help=False)
     pick.add_argument("--framework", choices=("accelerate", "fabric"), required=True)
-    pick.add_argument("--workload", choices=("gpt", "resnet"), default="gpt")
+    pick.add_argument("--workload", choices=("gpt", "resnet", "llama"), default="gpt")
+    pick.add_argument("--fp8", action="store_true", help="Accelerate's FP8 (torchao) backend instead of bf16")
     known, rest = pick.parse_known_args(argv)
-    gpt = known.workload == "gpt"
+    gpt = known.workload != "resnet"
     args = (plain_gpt.parse if gpt else plain_resnet.parse)(rest)
+    if known.workload == "llama":
+        args.seq = common.LLAMA1B["seq"] if args.seq == common.GPT2["seq"] else args.seq
+        args.batch = common.LLAMA1B["batch"] if args.batch == common.GPT2["batch"] else args.batch
+    if known.fp8 and known.framework != "accelerate":
+        raise SystemExit("peer.py: --fp8 is Accelerate's FP8 backend (--framework accelerate)")
     device = common.setup_device(args)
     cuda = device.type == "cuda"
     if cuda and args.dtype != "bf16":
         raise SystemExit("peer.py: on a GPU the peers run bf16 mixed precision only (--dtype bf16)")
-    work = (common.gpt_workload if gpt else common.resnet_workload)(args, device)
-    kind, lr, wd = ("adamw", args.lr or 6e-4, 0.1) if gpt else ("sgd", args.lr or 0.1, 5e-5)
+    work = {"gpt": common.gpt_workload, "resnet": common.resnet_workload,
+            "llama": common.llama_workload}[known.workload](args, device)
+    kind, lr, wd = ("adamw", args.lr or (3e-4 if known.workload == "llama" else 6e-4), 0.1) if gpt else \
+        ("sgd", args.lr or 0.1, 5e-5)
     module = work.module
     opt = common.build_optimizer(module, kind, lr, wd, fused=not args.no_fused)
 
     if known.framework == "accelerate":
         from accelerate import Accelerator
+        from accelerate.utils import TorchDynamoPlugin
 
-        acc = Accelerator(mixed_precision="bf16" if cuda else "no", cpu=not cuda,
-                          dynamo_backend="inductor" if args.compile_mode != "none" else "no")
+        dynamo = (TorchDynamoPlugin(backend="inductor", mode=args.compile_mode) if args.compile_mode != "none"
+                  else TorchDynamoPlugin(backend="no"))
+        handlers = []
+        if known.fp8:
+            from accelerate.utils import AORecipeKwargs
+
+            handlers = [AORecipeKwargs()]
+        acc = Accelerator(mixed_precision=("fp8" if known.fp8 else "bf16") if cuda else "no", cpu=not cuda,
+                          dynamo_plugin=dynamo, kwargs_handlers=handlers)
         model, opt = acc.prepare(module, opt)
         backward, clip = acc.backward, (lambda: acc.clip_grad_norm_(model.parameters(), args.clip))
     else:
@@ -68,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     timing = common.time_steps(step, device, args.warmup_steps, args.steps, args.windows)
     framework = "HF Accelerate" if known.framework == "accelerate" else "Lightning Fabric"
-    name = f"{framework} {'GPT-2' if gpt else 'ResNet-50'}"
+    name = f"{framework} {dict(gpt='GPT-2', resnet='ResNet-50', llama='Llama-1B')[known.workload]}"
+    name += " FP8 (torchao)" if known.fp8 else ""
     return common.report(name, work, timing, device, args, framework=known.framework)
 
 

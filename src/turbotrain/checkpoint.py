@@ -390,9 +390,13 @@ def _dcp_failure(e: BaseException) -> Exception:
 class Checkpointer:
     """Saves and restores the training state of one run. All ranks call `save`/`load` together."""
 
-    def __init__(self, cfg: CheckpointConfig, run_dir: Path, rank: int, world_size: int, sharded: bool):
+    def __init__(self, cfg: CheckpointConfig, run_dir: Path, rank: int, world_size: int, sharded: bool,
+                 flat_optim: bool = False):
+        """flat_optim: the optimizer's param groups keyed by parameter name in DCP (pipeline stages hold
+        different parameters, so one shared param-groups entry would fit only one stage)."""
         self.cfg, self.dir = cfg, run_dir / "checkpoints"
         self.rank, self.world_size, self.sharded = rank, world_size, sharded
+        self.flat_optim = flat_optim
         self.loaded: Path | None = None  # the checkpoint `load` restored (an older one after a fallback)
 
     # -------------------------------------------------------------- save
@@ -426,7 +430,7 @@ class Checkpointer:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-                msd, osd = get_state_dict(model, opt)
+                msd, osd = get_state_dict(model, opt, options=self._sd_options())
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "dcp"))
             if self.rank == 0:
                 state = {"sched": sched.state_dict(), "scaler": scaler.state_dict()}
@@ -668,7 +672,8 @@ class Checkpointer:
         if meta["sharded"]:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
-            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                           options=self._sd_options())
         else:
             unwrap(model).load_state_dict(state["model"])
             opt.load_state_dict(state["optim"])
@@ -678,6 +683,11 @@ class Checkpointer:
             _set_rng_state(*rng)
         return int(meta["step"])
 
+    def _sd_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=self.flat_optim)
+
     def _load_dcp(self, path: Path, model: nn.Module, opt) -> dict:
         """The sharded state read into copies (resharded to this run's world size) and checked against
         the live state's structure; the model and optimizer are not touched here."""
@@ -685,7 +695,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         with self._together(path):
-            msd, osd = get_state_dict(model, opt)
+            msd, osd = get_state_dict(model, opt, options=self._sd_options())
             template = {"model": msd, "optim": osd}
             sd = _clone_tree(template)  # the live state dicts share storage with the parameters
             reader, planner = _safe_reader(path / "dcp"), _safe_planner()

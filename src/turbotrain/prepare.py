@@ -15,13 +15,15 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from turbotrain import contract
+from turbotrain.accel.attention import measure_attention
+from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed import meta_init
 from turbotrain.distributed.env import DistEnv, init_distributed
-from turbotrain.distributed.parallel import SHARDED, resolve_strategy
+from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
@@ -49,11 +51,13 @@ class Run:
     start_step: int
     cost: StepCost
     info: dict  # facts of the run for the summary
+    shapes: dict  # the whole model's parameter shapes: a checkpoint's identity (a pipeline stage holds a part)
+    compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
 
     def save_checkpoint(self, step: int) -> Path:
         tr = self.trainee
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
-                "param_shapes": param_shapes(tr.model), "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
+                "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
                 "config": to_toml(self.cfg)}
         return self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta)
 
@@ -84,7 +88,8 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
-    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, env.rank, env.world_size,
+    dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size)
+    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
     sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
@@ -95,16 +100,16 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             if val_data is not None else names
         contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
                                   val_names)
-    cost = _step_cost(model, sample, loss_fn, cfg, device, env.world_size)
+    cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
     check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
     ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
-                        sharded=cfg.parallel.strategy in SHARDED)
-    trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
-    setup_growth = host.growth_mb_per_rank()  # per rank: data, model built, sharded and initialised
-    if cfg.parallel.meta_init:
-        contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
+                        sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: every rank writes its part
+                        flat_optim=cfg.parallel.strategy == "pipeline")
+    compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
+    trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
+    cfg = _measured_attention(cfg, trainee, sample)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
     if env.is_main and not probe:
         if start_step == 0 and (moved := rundir.set_aside()):
@@ -115,13 +120,36 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     sampler.start_step = start_step
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
-    info = _info(cfg, trainee, n_params, cost, start_step, model)
-    info["setup_host_growth_mb"] = setup_growth
+    info = {**_info(cfg, trainee, n_params, cost, start_step, model),
+            "compile_cache": compile_cache.info() if compile_cache else None, "setup_host_growth_mb": setup_growth}
+    stages = f" ({env.world_size} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
-        f"{cfg.train.grad_accum} x world {env.world_size} | data: {info['data_path']}")
+        f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info)
+               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache,
+               shapes=shapes)
+
+
+def _build_checked(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int,
+                   host: meta_init.HostPeak, sample: tuple, names: contract.Names) -> tuple[Trainee, list]:
+    """The trainee, each rank's host memory growth so far (data, the model built, sharded and initialised),
+    and the contract's first forward for a meta-built model, which could not run before it was materialised."""
+    trainee = build_trainee(model, loss_fn, cfg, device, world)
+    growth = host.growth_mb_per_rank()
+    if cfg.parallel.meta_init:
+        contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
+    return trainee, growth
+
+
+def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
+    """kernels.attention="auto" on a GPU (the resolver settles a CPU's) becomes the measured fastest backend:
+    with the model on the device and before the first step compiles (the backend is fixed at trace time)."""
+    if cfg.kernels.attention != "auto":
+        return cfg
+    choice = measure_attention(tr.step_module, sample, cfg.data.batch_size, tr.device, tr.dtype,
+                               cache_folder(cfg.compile, tr.device))
+    return replace(cfg, kernels=replace(cfg.kernels, attention=choice))
 
 
 def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strategy: str) -> tuple[nn.Module, dict]:

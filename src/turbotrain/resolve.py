@@ -18,7 +18,7 @@ from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
-from turbotrain.models.structure import find_blocks
+from turbotrain.models.structure import find_blocks, supports_fused_loss
 
 RESIDENT_LIMIT_BYTES = 4 << 30  # "auto" keeps built-in datasets up to this size on the device
 
@@ -35,6 +35,8 @@ class Facts:
     data_args: dict | None = None  # data-derived model arguments the factory takes and the config leaves out
     in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
     cpus: int = 1
+    fused_loss_ready: bool = False  # the model has `hidden` and a bias-free `head` (models.structure)
+    pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
 
 
@@ -42,6 +44,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
              local_world: int = 1) -> Facts:
     """Facts from a built (not yet parallelized) model and its training dataset."""
     from turbotrain.data.datasets import TensorDataset
+    from turbotrain.distributed.pipeline_parallel import layout_of
 
     blocks = find_blocks(model)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -49,7 +52,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
-                 cpus=cpus, on_meta=any(p.is_meta for p in model.parameters()))
+                 cpus=cpus, fused_loss_ready=supports_fused_loss(model), pipeline_layout=layout_of(model) is not None,
+                 on_meta=any(p.is_meta for p in model.parameters()))
 
 
 class _Changes:
@@ -78,9 +82,9 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, on_gpu)
-    if c.cfg.kernels.attention == "auto":
-        hopper = on_gpu and torch.cuda.get_device_capability(facts.device)[0] == 9
-        c.set("kernels", "attention", "cudnn" if hopper else "default")
+    _check_fused_loss(c.cfg, facts)
+    if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
+        c.set("kernels", "attention", "default")
     if facts.data_args:
         c.set("model", "args", {**facts.data_args, **c.cfg.model.args})
     return c.cfg
@@ -92,6 +96,7 @@ def _resolve_run(c: _Changes, facts: Facts) -> None:
 
 
 def _resolve_precision(c: _Changes, facts: Facts) -> None:
+    from turbotrain.accel.fp8 import check_fp8
     from turbotrain.accel.precision import resolve_dtype
 
     asked = c.cfg.precision.dtype
@@ -101,6 +106,10 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
                "CPU autocast is usually slower than fp32 without native bf16/fp16 matmul units"))
     c.set("precision", "dtype", resolve_dtype(asked, facts.device),
           "" if asked == "auto" else "this GPU has no bf16; fp16 with loss scaling instead")
+    check_fp8(c.cfg.precision.fp8, facts.device, c.cfg.precision.dtype)
+    if c.cfg.precision.fp8 != "off" and not c.cfg.compile.enabled:
+        say(f"warning: precision.fp8 = \"{c.cfg.precision.fp8}\" without compile.enabled: the FP8 casts run "
+            "as separate kernels and may cost more than the FP8 matmuls save")
 
 
 def _resolve_parallel(c: _Changes, facts: Facts) -> None:
@@ -121,12 +130,43 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
     if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":
         big = bool(facts.block_params) and max(facts.block_params) >= BLOCK_PARAMS_FOR_UNITS
         c.set("parallel", "fsdp_units", "blocks" if big else "model")
+    if strategy == "pipeline":
+        _resolve_pipeline(c, facts)
+
+
+def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
+    """One stage of blocks per rank; what the stages cannot do is refused here, before any work."""
+    stages, blocks, cfg = facts.world_size, len(facts.block_params), c.cfg
+    why = "parallel.strategy = \"pipeline\""
+    if stages < 2:
+        raise UserError(f"{why} needs 2 or more ranks (one stage each): run it under torchrun --nproc_per_node=N")
+    if not facts.pipeline_layout or not blocks:
+        raise UserError(f"{why} splits the built-in transformer (model.name = \"gpt\") by its blocks; this model "
+                        "is not one: use parallel.strategy = \"ddp\" or \"fsdp\"")
+    if stages > blocks:
+        raise UserError(f"{why} with {stages} ranks: the model has {blocks} blocks, fewer than one a stage; "
+                        f"use at most {blocks} ranks or more model.args.n_layer")
+    if cfg.train.loss == "model" or cfg.precision.dtype == "fp16":
+        raise UserError(f"{why} needs the loss on the last stage and no fp16 loss scaling: set train.loss to a "
+                        "loss function and precision.dtype to \"bf16\" or \"fp32\"")
+    if cfg.checkpoint.final:
+        c.set("checkpoint", "final", False, "each pipeline stage holds only its part of the model")
+    chunks, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
+    if chunks == 0:
+        chunks = next((n for n in (2 * stages, stages) if batch % n == 0), stages)
+        c.set("parallel", "pp_microbatches", chunks)
+    if chunks < stages or batch % chunks:
+        raise UserError(f"parallel.pp_microbatches = {chunks}: needs >= {stages} (the stages) chunks that divide "
+                        f"data.batch_size = {batch} equally; set data.batch_size to a multiple of {stages}")
 
 
 def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
     comp, par = c.cfg.compile, c.cfg.parallel
     if not comp.enabled:
         return
+    if par.strategy == "pipeline" and comp.scope == "model":
+        c.set("compile", "scope", "blocks", "under pipeline the schedule runs a stage's forward and backward per "
+              "chunk between sends and receives: there is no whole-model forward to trace")
     if par.strategy != "none" and comp.mode == "reduce-overhead":
         c.set("compile", "mode", "default", "CUDA graphs cannot hold DDP/FSDP collectives")
     if comp.mode == "reduce-overhead" and not on_gpu:
@@ -178,6 +218,23 @@ def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
         c.set("train", "optimizer_impl", "fused" if fused_ok and on_gpu else "foreach")
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
+
+
+def _check_fused_loss(cfg: Config, facts: Facts) -> None:
+    if not cfg.kernels.fused_loss:
+        return
+    if not facts.fused_loss_ready:
+        raise UserError("kernels.fused_loss = true needs a model with `hidden(idx)` (final-normed hidden states) and "
+                        "a bias-free nn.Linear `head`; set kernels.fused_loss=false")
+    if cfg.train.loss != "cross_entropy":
+        raise UserError(f"kernels.fused_loss = true fuses the head with cross-entropy, not train.loss = "
+                        f"{show_value(cfg.train.loss)}; set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
+    if cfg.parallel.strategy in ("fsdp", "hsdp"):
+        raise UserError("kernels.fused_loss = true calls the model's `hidden` and `head` apart, which FSDP2's "
+                        "forward hooks do not cover; use parallel.strategy=\"ddp\" or kernels.fused_loss=false")
+    if cfg.parallel.strategy == "pipeline":
+        raise UserError("kernels.fused_loss = true: the pipeline's last stage computes its loss from the logits; "
+                        "set kernels.fused_loss=false under parallel.strategy=\"pipeline\"")
 
 
 def effective_config(cfg: Config) -> Config:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -16,6 +17,7 @@ from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import eval_batches
 from turbotrain.distributed.ddp import DDP, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean
+from turbotrain.distributed.pipeline_parallel import PipelineRunner
 from turbotrain.errors import UserError
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
@@ -90,6 +92,11 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
     device tensors: nothing here waits for the GPU. The norm is computed when clipping or when asked."""
     accum = len(micro_batches)
     loss_sum = torch.zeros((), device=tr.device)
+    pp = tr.step_module if isinstance(tr.step_module, PipelineRunner) else None
+    if pp:  # the schedule interleaves forwards and backwards of the stages; the loss comes from the last
+        with phase("forward"), precision.autocast(tr.dtype, tr.device):
+            loss_sum = pp.forward_backward(micro_batches)
+        micro_batches = []
     for i, (x, y) in enumerate(micro_batches):
         with grad_sync(tr.model, last_micro_step=i == accum - 1):  # DDP/FSDP: reduce on the last micro-batch
             if fwd_timer:
@@ -105,7 +112,8 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
         tr.scaler.unscale_(tr.opt)  # no-op unless fp16: grads back to true scale before clipping
         grad_norm = None
         if clip > 0 or want_norm:
-            grad_norm = clip_grad_norm(tr.model.parameters(), clip if clip > 0 else math.inf)
+            grad_norm = (pp.clip_grad_norm if pp else partial(clip_grad_norm, tr.model.parameters()))(
+                clip if clip > 0 else math.inf)
         tr.scaler.step(tr.opt)  # fp16: skipped when grads hold inf/NaN
         tr.scaler.update()
         tr.opt.zero_grad(set_to_none=True)
@@ -134,19 +142,27 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     whatever the micro-batch split: comparable across configs."""
     if ds is None or n_global == 0 or len(ds) < micro:
         return {}
-    batches = eval_batches(ds, micro, n_global * accum * env.world_size, env.rank, env.world_size)
+    pp = tr.step_module if isinstance(tr.step_module, PipelineRunner) else None
+    dp_rank, dp_world = (0, 1) if pp else (env.rank, env.world_size)  # pipeline: all stages see every batch
+    batches = eval_batches(ds, micro, n_global * accum * dp_world, dp_rank, dp_world)
     if not batches:  # fewer val micro-batches than ranks: no comparable val figure (same on every rank)
         return {}
     wl = tr.step_module.module if isinstance(tr.step_module, DDP) else tr.step_module  # eval needs no DDP
-    net, loss_fn, metrics = wl.model, wl.loss_fn, metrics or {}
+    net, loss_fn, metrics = getattr(wl, "model", None), getattr(wl, "loss_fn", None), metrics or {}
     tr.model.eval()
     sums = torch.zeros(3 + len(metrics), dtype=torch.float64, device=tr.device)  # loss, correct, total, metrics
     for idx in batches:
         batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
         x, y = (t.to(tr.device, non_blocking=True) for t in batch)
         with precision.autocast(tr.dtype, tr.device):
-            out = net(x, y) if loss_fn is None else net(x)
-            sums[0] += (out if loss_fn is None else loss_fn(out, y)).float()
+            if pp:  # only the last stage has outputs and loss; the sum over ranks below is its sums
+                out, loss = pp.eval_step(x, y)
+                if out is None:
+                    continue
+            else:
+                out = net(x, y) if loss_fn is None else net(x)
+                loss = out if loss_fn is None else loss_fn(out, y)
+            sums[0] += loss.float()
         if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
             sums[1] += (out.argmax(-1) == y).sum()
             sums[2] += y.numel()
@@ -156,7 +172,7 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     tr.model.train()
     # sync point, once per eval: sums over ranks
     total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
-    n = len(batches) * env.world_size
+    n = len(batches) * dp_world
     row = {"val_loss": total[0] / n}
     if total[2]:
         row["val_acc"] = total[1] / total[2]

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
+from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.distributed.env import all_mean, shutdown
 from turbotrain.export import write_final
@@ -73,7 +74,11 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     tr = run.trainee
     summary = monitor.summary(done, time.perf_counter() - t_start, run.cfg.compile.enabled, run.info)
     if run.cfg.compile.enabled:
+        if tr.compiled:  # evaluation's graphs too, compiled after the first step
+            save_compile_cache(run.compile_cache, run.env.is_main)
         summary.update(compile_fell_back=not tr.compiled, **compile_stats())
+        say(f"compile: {summary['compile_s']:.1f} s; FX graphs: {summary['fxgraph_cache_hit']} from the cache, "
+            f"{summary['fxgraph_cache_miss']} compiled")
     if run.env.is_main:
         write_run_file(run.rundir.path / "summary.json", json.dumps(summary, indent=2))
     hooks.call("on_train_end", done, summary, loss=summary["final_loss"])
@@ -98,6 +103,8 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         if step == run.start_step and tr.compiled:  # compile happens here; a compiler error falls back to eager
             with Heartbeat("compile: compiling the model in the first step"):
                 loss, grad_norm = first_train_step(tr, micro, t.grad_clip)
+            if tr.compiled:  # the compile artifacts for the next run; writing them is not training time
+                monitor.exclude(save_compile_cache(run.compile_cache, run.env.is_main))
         else:
             loss, grad_norm = train_step(tr, micro, t.grad_clip, want_norm=is_log, fwd_timer=monitor.fwd_timer)
         monitor.after_step(done, loss)  # on the device: no sync

@@ -34,6 +34,10 @@ class CompileConfig:
     """Any torch.compile backend ("aot_eager" to debug a compile problem)."""
     coordinate_descent_tuning: bool = False
     """Inductor tunes pointwise/reduction launch configs (slower compile)."""
+    cache: bool = True
+    """Keep inductor's, Triton's and torch's portable compile caches in `cache_dir`: later runs start warm."""
+    cache_dir: str = ""
+    """Compile cache folder, copyable to other nodes ("": $TURBOTRAIN_CACHE/compile or ~/.cache/turbotrain/compile)."""
 
     def __post_init__(self) -> None:
         if self.backend == "inductor":
@@ -105,11 +109,16 @@ def disable_compile(compiled: list[nn.Module], exc: BaseException) -> None:
 
 
 def compile_stats() -> dict:
-    """Graph breaks and recompiles seen so far (dynamo's counters), for the summary."""
+    """Graph breaks, recompiles and compile-cache hits seen so far (dynamo's and inductor's counters), for
+    the summary. A warm start shows FX-graph cache hits and no misses."""
     from torch._dynamo.utils import counters
 
     breaks = sum(counters["graph_break"].values())
     return {
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "aot_autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "aot_autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
         "graph_breaks": int(breaks),
         "graph_break_reasons": sorted(counters["graph_break"])[:5],
         "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),

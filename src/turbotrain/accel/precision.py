@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "auto"]
+Fp8 = Literal["off", "rowwise", "tensorwise"]
 
 
 @dataclass
@@ -20,6 +21,9 @@ class PrecisionConfig:
     dtype: Dtype = "auto"
     """Autocast dtype: "auto" (bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU) | fp32 | tf32 | bf16 |
     fp16 (with loss scaling)."""
+    fp8: Fp8 = "off"
+    """FP8 matmuls for the large linear layers through torchao (`pip install turbotrain[fp8]`; sm89+ GPU, bf16):
+    "off" | "tensorwise" (fastest; FP8 all-gather under FSDP2) | "rowwise" (closer to bf16's accuracy)."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

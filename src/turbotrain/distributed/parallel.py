@@ -9,9 +9,9 @@ from turbotrain.errors import UserError
 
 @dataclass
 class ParallelConfig:
-    strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp"] = "auto"
-    """"auto": ddp when WORLD_SIZE > 1, else none; ddp, fsdp (FSDP2) and hsdp (FSDP2 on a 2-D mesh) run under
-    torchrun."""
+    strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp", "pipeline"] = "auto"
+    """"auto": ddp when WORLD_SIZE > 1, else none; ddp, fsdp (FSDP2), hsdp (FSDP2 on a 2-D mesh) and pipeline
+    (one stage of blocks per rank) run under torchrun."""
     bucket_cap_mb: int = 100
     """DDP gradient bucket size; under compile each bucket also splits the graph, so fewer is faster."""
     static_graph: bool = False
@@ -27,6 +27,11 @@ class ParallelConfig:
     """Warn when a rank's own time per step exceeds the others' median by this factor."""
     grad_compression: Literal["none", "bf16"] = "none"
     """Reduce gradients in bf16: half the bytes on the wire (helps FSDP2; DDP's hook loses to native buckets)."""
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    """Pipeline schedule: "1f1b" (a chunk's backward as soon as it can: fewer activations held) or "gpipe"
+    (all forwards, then all backwards)."""
+    pp_microbatches: int = 0
+    """Pipeline: chunks each micro-batch is split into (must divide data.batch_size); 0 = 2 x stages."""
     shard_size: int | None = None
     """HSDP: ranks per shard group (parameters sharded within it, replicated across groups); None: the local
     world size (the GPUs of one node)."""
@@ -39,6 +44,8 @@ class ParallelConfig:
             raise UserError(f"parallel.bucket_cap_mb = {self.bucket_cap_mb}: must be >= 1")
         if isinstance(self.fsdp_units, int) and self.fsdp_units < 1:
             raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
+        if self.pp_microbatches < 0:
+            raise UserError(f"parallel.pp_microbatches = {self.pp_microbatches}: must be >= 1 (0 = 2 x stages)")
         if self.shard_size is not None and (type(self.shard_size) is not int or self.shard_size < 1):
             raise UserError(f"parallel.shard_size = {self.shard_size!r}: a count of ranks must be >= 1")
         if self.meta_init not in ("auto", True, False):
@@ -68,3 +75,9 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
         raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\", \"fsdp\" or "
                         "\"hsdp\"")
     return strategy
+
+
+def data_parallel(strategy: str, rank: int, world_size: int) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel world size): under "pipeline" the ranks are stages of one model
+    replica, and every one of them reads the same batches."""
+    return (0, 1) if strategy == "pipeline" else (rank, world_size)

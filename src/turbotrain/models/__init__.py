@@ -1,4 +1,4 @@
-"""Built-in models (`gpt`, `cnn`, `resnet`, `mlp`), Hugging Face models (`hf:<model_type>`, `hf:/saved/dir`:
+"""Built-in models (`gpt`, `llama`, `cnn`, `resnet`, `mlp`), Hugging Face models (`hf:<model_type>`, `hf:/saved/dir`:
 see models/hf.py) and user factories (`pkg.module:build`, which may return an HF model too)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from turbotrain.errors import UserError
 from turbotrain.models import hf
 from turbotrain.plugins import call_factory, is_import_spec, load_object
 
-BUILTIN = ("gpt", "cnn", "resnet", "mlp")
+BUILTIN = ("gpt", "llama", "cnn", "resnet", "mlp")
 
 
 @dataclass
@@ -22,7 +22,7 @@ class ModelConfig:
     """The `[model]` section."""
 
     name: str = "gpt"
-    """"gpt" | "cnn" | "resnet" | "mlp" | "hf:<model_type>" (args: the HF config's) | "hf:/saved/dir" |
+    """"gpt" | "llama" | "cnn" | "resnet" | "mlp" | "hf:<model_type>" (args: the HF config's) | "hf:/saved/dir" |
     "pkg.module:factory" (build(**args) -> nn.Module)."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the model factory; data-derived ones (vocab_size, ...) are filled in and recorded."""

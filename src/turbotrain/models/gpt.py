@@ -69,12 +69,16 @@ class GPT(nn.Module):
                 init.normal_(p, seed, name, std=0.02 / math.sqrt(2 * self.n_layer) if deep else 0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(idx))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final-normed hidden states (B, T, D) that the head maps to logits (kernels.fused_loss uses them)."""
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.lnf(x))
+        return self.lnf(x)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, the PaLM/nanoGPT formula: 6·N (N without position embeddings)

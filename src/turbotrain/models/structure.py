@@ -10,16 +10,28 @@ from torch import nn
 
 class WithLoss(nn.Module):
     """model + loss as one module, so `scope="model"` compiles the loss into the same graph as the head
-    (no fp32 logits round trip through memory)."""
+    (no fp32 logits round trip through memory). With `fused_loss` the model's head and the cross-entropy run
+    as one chunked op on the model's final hidden states (`supports_fused_loss`), never building the logits:
+    `fused_loss(model.hidden(x), model.head.weight, y)` (accel.fused_loss.fused_linear_cross_entropy; passed in,
+    as accel depends on models)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable | None):
+    def __init__(self, model: nn.Module, loss_fn: Callable | None, fused_loss: Callable | None = None):
         super().__init__()
-        self.model, self.loss_fn = model, loss_fn
+        self.model, self.loss_fn, self.fused_loss = model, loss_fn, fused_loss
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.fused_loss is not None:
+            return self.fused_loss(self.model.hidden(x), self.model.head.weight, y)
         if self.loss_fn is None:
             return self.model(x, y)
         return self.loss_fn(self.model(x), y)
+
+
+def supports_fused_loss(model: nn.Module) -> bool:
+    """The fused-loss protocol: `hidden(idx)` gives the final-normed hidden states (B, T, D) and `head` is a
+    bias-free nn.Linear (weight possibly tied), with forward(idx) == head(hidden(idx))."""
+    head = getattr(model, "head", None)
+    return (callable(getattr(model, "hidden", None)) and isinstance(head, nn.Linear) and head.bias is None)
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:

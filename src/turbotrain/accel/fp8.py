@@ -1,0 +1,73 @@
+"""FP8 training through torchao's float8: the model's large nn.Linear layers become `Float8Linear`, whose
+matmuls (forward, grad-input, grad-weight) run on FP8 tensor cores with dynamic scales; weights, gradients and
+optimizer state stay as they were (fp32 masters under bf16 autocast).
+
+Recipes (`precision.fp8`): "tensorwise" (one scale a tensor: fastest; under FSDP2 the weights are all-gathered
+in FP8, half of bf16's bytes) and "rowwise" (one scale a row: closer to bf16's accuracy; slower by torchao's
+own tables).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from turbotrain.errors import UserError
+from turbotrain.log import say
+
+FP8_CAPABILITY = (8, 9)  # Ada (sm89) and Hopper (sm90) have FP8 tensor cores
+
+
+def require_torchao(recipe: str) -> None:
+    """Refuse at config time, not mid-run, when torchao's float8 is not importable."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"precision.fp8 = {recipe!r}: needs torchao ({e}); pip install turbotrain[fp8], "
+                        f"or set precision.fp8 = 'off'") from None
+
+
+def check_fp8(recipe: str, device: torch.device, dtype: str) -> None:
+    """The resolver's rule: FP8 needs an FP8-capable NVIDIA GPU, bf16 autocast (torchao's float8 matmuls
+    take and return bf16) and torchao. Usage: `check_fp8(cfg.precision.fp8, device, resolved_dtype)`."""
+    if recipe == "off":
+        return
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
+        raise UserError(f"precision.fp8 = {recipe!r}: needs an NVIDIA GPU with FP8 (sm89+, e.g. H100); "
+                        f"set precision.fp8 = 'off'")
+    if dtype != "bf16":
+        raise UserError(f"precision.fp8 = {recipe!r}: needs precision.dtype = \"bf16\" (or \"auto\"), not "
+                        f"{dtype!r}; set precision.fp8 = 'off' for other dtypes")
+    require_torchao(recipe)
+
+
+def fp8_filter(recipe: str, skip_weights: set[int]) -> Callable[[nn.Module, str], bool]:
+    """Which nn.Linear layers to convert: torchao's size filter for the recipe (dims divisible by 16, and
+    large enough that the FP8 matmul outruns bf16 plus the cost of the casts, by torchao's H100 tables),
+    minus those whose weight is in `skip_weights` (ids of weights tied to an embedding: Float8Linear would
+    re-wrap the weight and untie it)."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    by_size = _auto_filter_for_recipe(recipe, filter_fqns=[])
+    return lambda module, fqn: id(module.weight) not in skip_weights and by_size(module, fqn)
+
+
+def apply_fp8(model: nn.Module, recipe: str, fsdp: bool) -> int:
+    """Swap the model's large linears for torchao's Float8Linear, in place; returns how many were swapped.
+    Under FSDP2 with "tensorwise", weights are all-gathered in FP8 (torchao's float8 all-gather).
+    Usage: `apply_fp8(model, "rowwise", fsdp=False)`."""
+    if recipe == "off":
+        return 0
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp and recipe == "tensorwise":  # the tensorwise recipe (torchao's defaults) + FP8 all-gather
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    total = sum(isinstance(m, nn.Linear) for m in model.modules())
+    convert_to_float8_training(model, module_filter_fn=fp8_filter(recipe, tied), config=config)
+    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    say(f"fp8: {recipe} scaling on {n} of {total} linear layers (the rest too small to gain, or tied)")
+    return n
+

@@ -1,0 +1,193 @@
+"""Fused LM head + cross-entropy (`kernels.fused_loss`): `F.cross_entropy(h @ W.T, y)` without the
+[tokens × vocab] logits tensor of the whole batch.
+
+Why this design. The head's matmul is the big cost and cuBLAS does it best, so it stays cuBLAS; what the
+fusion removes is memory traffic and footprint: the unfused path writes the full logits, reads them back
+in fp32 for the softmax, and keeps them (or their fp32 softmax) for backward — at 16k tokens × 128k vocab
+that is 4-8 GB. Here the tokens go in chunks; per chunk:
+  1. logits = h_c @ W^T (cuBLAS, in the autocast dtype: bf16 where training runs bf16);
+  2. ONE pass per row (a Triton kernel on GPU): logsumexp by online softmax in fp32, the row's loss, and
+     d(logits) = softmax − onehot written over the logits in place — no second buffer;
+  3. grad_h_c = dlogits @ W and grad_W += dlogits^T @ h_c (fp32 accumulator over chunks).
+Forward thus computes the gradients too, and backward only scales them by grad_output / N (one scalar
+multiply it does anyway): the loss is the last op of a step, so the gradients are always wanted and
+computing them while the chunk's logits are hot costs nothing extra. The 1/N is left to that multiply
+rather than folded into d(logits) because in fp16 (softmax − onehot)/N underflows for small probabilities
+at N ~ 10⁴ tokens; unscaled, the values lie in [-1, 1]. Peak memory: one chunk of logits, grad_W in fp32.
+
+The loss is the mean over tokens whose target is not `ignore_index` (-100), as `F.cross_entropy`. The
+op is a `torch.library.custom_op` (opaque to dynamo, with a fake implementation for shapes) inside an
+autograd.Function, so `torch.compile(fullgraph=True)` over model + loss traces through it.
+
+Reference path (CPU, or GPU without triton): the same chunked algorithm in plain torch with an fp32
+softmax; in fp32 it equals `F.cross_entropy(h @ W.T, y)` to rounding.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+IGNORE_INDEX = -100
+CHUNK_LOGITS_BYTES = 256 << 20  # one chunk's logits: large enough for efficient GEMMs, small next to the model
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               ignore_index: int = IGNORE_INDEX, chunk_tokens: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of `hidden @ weight.T` (logits) against integer `target`, never building the logits
+    of all tokens. hidden: (..., D), weight: (V, D) (an nn.Linear's weight, no bias), target: (...).
+    Under autocast the matmuls run in the autocast dtype, the softmax in fp32.
+    Usage: `loss = fused_linear_cross_entropy(model.hidden(x), model.head.weight, y)`."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    dev = h.device.type
+    # The op is opaque to autocast, so the compute dtype is decided here, where autocast's state is visible.
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    if chunk_tokens is None:
+        per_token = weight.shape[0] * torch.finfo(dtype).bits // 8
+        chunk_tokens = max(128, CHUNK_LOGITS_BYTES // per_token // 128 * 128)
+    return _FusedLinearCE.apply(h, weight, target.reshape(-1), ignore_index, chunk_tokens, dtype)
+
+
+class _FusedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, target, ignore_index: int, chunk_tokens: int, dtype: torch.dtype):
+        loss, grad_h, grad_w, inv_n = torch.ops.turbotrain.fused_linear_ce(h, weight, target, ignore_index,
+                                                                           chunk_tokens, dtype)
+        ctx.save_for_backward(grad_h, grad_w, inv_n)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w, inv_n = ctx.saved_tensors
+        scale = grad_loss.float() * inv_n  # fp32: grad_output (the loss scale under fp16) times 1/N
+        return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
+
+
+@torch.library.custom_op("turbotrain::fused_linear_ce", mutates_args=())
+def _fused_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                     chunk_tokens: int, dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss fp32, N · d loss/d h, N · d loss/d weight, 1/N) of cross-entropy over h @ weight.T, in chunks
+    of tokens; N = the number of targets not ignored."""
+    with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen explicitly by the caller
+        return _chunked_linear_ce(h, weight, target, ignore_index, chunk_tokens, dtype)
+
+
+@_fused_linear_ce.register_fake
+def _(h, weight, target, ignore_index, chunk_tokens, dtype):
+    scalar = h.new_empty((), dtype=torch.float32)
+    return scalar, torch.empty_like(h), torch.empty_like(weight), torch.empty_like(scalar)
+
+
+def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                       chunk_tokens: int, dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    n_tok = h.shape[0]
+    hc_all, w = h.to(dtype), weight.to(dtype)
+    inv_n = 1.0 / (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
+    row_loss = torch.empty(n_tok, dtype=torch.float32, device=h.device)
+    grad_h = torch.empty(n_tok, h.shape[1], dtype=dtype, device=h.device)
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+    rows = _triton_rows() if h.is_cuda else None
+    for start in range(0, n_tok, chunk_tokens):
+        end = min(start + chunk_tokens, n_tok)
+        hc = hc_all[start:end]
+        logits = hc @ w.t()  # (chunk, V) in the compute dtype; becomes d(logits) in place below
+        if rows is not None:
+            rows(logits, target[start:end], row_loss[start:end], ignore_index)
+        else:
+            _reference_rows(logits, target[start:end], row_loss[start:end], ignore_index)
+        torch.mm(logits, w, out=grad_h[start:end])
+        _accumulate_grad_w(grad_w, logits, hc)
+    loss = row_loss.sum() * inv_n
+    return loss, grad_h.to(h.dtype), grad_w.to(weight.dtype), inv_n
+
+
+def _accumulate_grad_w(grad_w: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor) -> None:
+    """grad_w += dlogits^T @ hc; on CUDA straight into the fp32 accumulator (`out_dtype`), with no [V, D]
+    temporary in bf16 and again in fp32 per chunk."""
+    if grad_w.dtype == dlogits.dtype:
+        grad_w.addmm_(dlogits.t(), hc)
+    elif _mixed_addmm(grad_w.device, dlogits.dtype, grad_w.dtype):
+        torch.addmm(grad_w, dlogits.t(), hc, out_dtype=grad_w.dtype, out=grad_w)
+    else:
+        grad_w += (dlogits.t() @ hc).to(grad_w.dtype)
+
+
+@functools.cache
+def _mixed_addmm(device: torch.device, dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether this torch and device add a low-precision product into a wider tensor (addmm's `out_dtype`:
+    CUDA, bf16/fp16 into fp32, recent torch)."""
+    if device.type != "cuda":
+        return False
+    acc, a = torch.ones(2, 2, dtype=out_dtype, device=device), torch.ones(2, 2, dtype=dtype, device=device)
+    try:
+        torch.addmm(acc, a, a, out_dtype=out_dtype, out=acc)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool((acc == 3).all())  # accumulated (1 + 2), not overwritten; one host sync, once per process
+
+
+def _reference_rows(logits: torch.Tensor, target: torch.Tensor, row_loss: torch.Tensor, ignore_index: int) -> None:
+    """The per-row step in plain torch: row losses into `row_loss`, softmax − onehot over `logits` (0 where the
+    target is ignored)."""
+    valid = target != ignore_index
+    safe = torch.where(valid, target, 0)
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=1)
+    picked = x.gather(1, safe[:, None]).squeeze(1)
+    row_loss.copy_(torch.where(valid, lse - picked, 0.0))
+    grad = torch.exp(x - lse[:, None])
+    grad.scatter_add_(1, safe[:, None], torch.full_like(picked, -1.0)[:, None])
+    grad *= valid[:, None]
+    logits.copy_(grad)
+
+
+@functools.cache
+def _triton_rows():
+    """The per-row Triton kernel's launcher, or None without triton (the reference path runs then)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        from turbotrain.log import say
+
+        say("kernels.fused_loss: triton is not installed; the plain-torch reference path runs on the GPU")
+        return None
+
+    @triton.jit
+    def ce_rows(logits_ptr, stride, target_ptr, loss_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        ptr = logits_ptr + row * stride
+        y = tl.load(target_ptr + row)
+        valid = y != ignore_index
+        y = tl.where(valid, y, 0)
+        # pass 1: online softmax (running max and sum of exponentials), fp32
+        m = float("-inf")
+        s = 0.0
+        for off in range(0, n_cols, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            x = tl.load(ptr + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+        lse = m + tl.log(s)
+        picked = tl.load(ptr + y).to(tl.float32)  # read before pass 2 overwrites the row
+        tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
+        scale = tl.where(valid, 1.0, 0.0)
+        # pass 2: d(logits) = softmax - onehot over the logits (1/N comes in backward)
+        for off in range(0, n_cols, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(x - lse)
+            g = tl.where(cols == y, g - 1.0, g) * scale
+            tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=mask)
+
+    def launch(logits, target, row_loss, ignore_index):
+        n_rows, n_cols = logits.shape
+        block = min(32768, triton.next_power_of_2(n_cols))
+        ce_rows[(n_rows,)](logits, logits.stride(0), target, row_loss, n_cols, ignore_index,
+                           BLOCK=block, num_warps=32 if block >= 8192 else 8)
+
+    return launch

@@ -1,0 +1,66 @@
+"""The pipeline split on one process (no process group needed for 2 stages): the stages keep the model's own
+parameter names and chained they compute the model's forward; the resolver's pipeline rules."""
+import pytest
+import torch
+
+from turbotrain.config import load_config
+from turbotrain.distributed.pipeline_parallel import split_model, stage_bounds
+from turbotrain.errors import UserError
+from turbotrain.models import gpt
+from turbotrain.resolve import Facts, resolve
+
+CPU = torch.device("cpu")
+
+
+def test_blocks_are_spread_evenly_over_the_stages():
+    assert stage_bounds(3, 2) == [(0, 2), (2, 3)]
+    assert stage_bounds(12, 4) == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert [b - a for a, b in stage_bounds(7, 3)] == [2, 3, 2]
+
+
+def test_stages_keep_the_names_and_chain_to_the_models_forward():
+    torch.manual_seed(0)
+    model = gpt.build(vocab_size=17, block_size=8, n_layer=3, n_head=2, n_embd=8)
+    first, first_ties = split_model(model, 0, 2)
+    last, last_ties = split_model(model, 1, 2)
+    names = set(first.state_dict()) | set(last.state_dict())
+    assert names == set(model.state_dict())  # both copies of the tied weight: wte.weight and head.weight
+    assert "blocks.2.qkv.weight" in last.state_dict() and "blocks.2.qkv.weight" not in first.state_dict()
+    # the tied weight: one copy a stage, counted in the norm on the first stage only
+    assert [(name, counted) for name, _, counted in first_ties] == [("wte.weight", True)]
+    assert [(name, counted) for name, _, counted in last_ties] == [("head.weight", False)]
+    idx = torch.randint(0, 17, (2, 8))
+    torch.testing.assert_close(last(first(idx)), model(idx), rtol=0, atol=0)
+
+
+def test_a_model_without_the_transformer_layout_is_refused():
+    from turbotrain.models import mlp
+
+    with pytest.raises(UserError, match="not a built-in transformer"):
+        split_model(mlp.build(in_features=4, width=4, depth=2, num_classes=3), 0, 2)
+
+
+def pipeline_cfg(*overrides):
+    return load_config("gpt2-124m", ["parallel.strategy=\"pipeline\"", "data.batch_size=8", *overrides])
+
+
+def test_pipeline_resolves_chunks_compile_scope_and_final_export(capsys):
+    cfg = resolve(pipeline_cfg("compile.enabled=true"),
+                  Facts(device=CPU, world_size=2, block_params=(7,) * 12, pipeline_layout=True))
+    assert cfg.parallel.pp_microbatches == 4 and cfg.compile.scope == "blocks" and cfg.checkpoint.final is False
+    out = capsys.readouterr().out
+    assert "compile.scope" in out and "there is no whole-model forward" in out
+
+
+@pytest.mark.parametrize("overrides, facts, says", [
+    ((), dict(world_size=1, block_params=(7,) * 12, pipeline_layout=True), "needs 2 or more ranks"),
+    ((), dict(world_size=4, block_params=(7,) * 3, pipeline_layout=True), "has 3 blocks, fewer than one a stage"),
+    ((), dict(world_size=2, block_params=(7,) * 3, pipeline_layout=False), "splits the built-in transformer"),
+    (("parallel.pp_microbatches=3",), dict(world_size=2, block_params=(7,) * 3, pipeline_layout=True),
+     "parallel.pp_microbatches = 3: needs >= 2"),
+    (("precision.dtype=\"fp16\"",), dict(world_size=2, block_params=(7,) * 3, pipeline_layout=True),
+     "no fp16 loss scaling"),
+])
+def test_what_the_pipeline_cannot_run_is_refused(overrides, facts, says):
+    with pytest.raises(UserError, match=says):
+        resolve(pipeline_cfg(*overrides), Facts(device=CPU, **facts))
