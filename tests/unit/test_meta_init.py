@@ -80,3 +80,21 @@ def test_draws_do_not_depend_on_wrappers_or_chunking():
     init.normal_(b, 0, "w", 0.02)
     assert torch.equal(a, b) and 0.019 < a.std().item() < 0.021
     assert not torch.equal(a[:3], a[init.CHUNK_ELEMENTS // 8:])  # chunks draw from their own generators
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_meta_build_equals_full_size_and_keeps_rope_tables(tie):
+    from turbotrain.models import llama
+
+    args = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48,
+                tie_weights=tie)
+    full = llama.build(**args)
+    meta_init.initialise(full, 5, fresh=False)
+    with meta_init.params_on_meta():
+        m = llama.build(**args)
+    assert meta_init.materialize(m, CPU, 5) == "Llama.init_weights(seed=5)"
+    assert (m.head.weight is m.tok_emb.weight) == tie
+    for (name, a), (_, b) in zip(full.named_parameters(), m.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(m.rope_cos, full.rope_cos) and torch.equal(m.rope_sin, full.rope_sin)
+    assert torch.equal(m.norm.weight, torch.ones(32)) and abs(m.blocks[0].attn.wq.weight.std().item() - 0.02) < 3e-3
