@@ -34,6 +34,17 @@ def test_meta_init_equals_full_size_build(tmp_path):
     assert "meta_init = true" in cfg
 
 
+def test_llama_meta_init_on_two_ranks_equals_full_size_build(tmp_path):
+    """Llama (RoPE tables as non-persistent buffers, grouped-query attention) the same way."""
+    llama = ['model.name="llama"', "model.args.n_layer=2", "model.args.n_embd=32", "model.args.n_head=4",
+             "model.args.n_kv_head=2", "model.args.ffn_hidden=48", "data.args.block_size=32",
+             "model.args.block_size=32", "precision.dtype=fp32", "train.steps=4", "train.log_every=1"]
+    run(tmp_path, 0, *llama, "run.name=full", "data.batch_size=8")
+    r = run(tmp_path, 2, *llama, "run.name=meta", "data.batch_size=4", "parallel.strategy=fsdp")
+    assert "initialised by FSDPLlama.init_weights(seed=0)" in r.stdout + r.stderr
+    assert losses(tmp_path, "meta") == pytest.approx(losses(tmp_path, "full"), rel=1e-5)
+
+
 BIG = ["model.args.n_layer=12", "model.args.n_embd=768", "model.args.n_head=12", "model.args.vocab_size=50304",
        "data.args.block_size=64", "model.args.block_size=64", "precision.dtype=fp32", "train.steps=1",
        "data.batch_size=1", "parallel.strategy=fsdp", 'parallel.fsdp_units="blocks"', "train.log_every=1",
