@@ -777,7 +777,7 @@ class Checkpointer:
                             f"precision; keep the precision, or checkpoint.resume=\"never\"")
         if meta.get("sharded") and not self.sharded:
             raise UserError(f"checkpoint {path} is an FSDP (sharded) checkpoint: "
-                            "resume it with parallel.strategy=\"fsdp\"")
+                            "resume it with parallel.strategy=\"fsdp\" or \"hsdp\" (at any world size)")
         if not meta.get("sharded") and self.sharded:
             raise UserError(f"checkpoint {path} is not sharded: resume it with parallel.strategy=\"ddp\" or \"none\"")
 

@@ -20,7 +20,8 @@ from turbotrain.accel.fp8 import apply_fp8
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
-from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.distributed import meta_init
+from turbotrain.distributed.parallel import SHARDED, ParallelConfig
 from turbotrain.errors import UserError
 from turbotrain.losses import LossFn, cross_entropy
 from turbotrain.models.structure import WithLoss
@@ -45,13 +46,14 @@ class Trainee:
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
-                     *, fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     seed: int = 0, *, fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     1b. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
        only that stage reaches the device; activation checkpointing and per-block compile then wrap the
        stage's own blocks. The schedule over the stage takes the place of DDP/FSDP2 in step 6.
-    2. to the device: everything after works on the device's parameters.
+    2. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
+       is materialised here unless FSDP2 shards it first (then right after 6: only its shard ever exists).
     2b. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
        so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
        FSDP2, so fully_shard shards the FP8-aware weights and all-gathers them in FP8 (tensorwise); before
@@ -73,8 +75,11 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
         from turbotrain.distributed.pipeline_parallel import PipelineRunner, split_model
 
         model, ties = split_model(model, torch.distributed.get_rank(), world)
-    model = model.to(device)
-    apply_fp8(model, fp8, fsdp=par.strategy == "fsdp")
+    sharded_meta = par.meta_init and par.strategy in SHARDED
+    if par.meta_init and not sharded_meta:
+        meta_init.materialize(model, device, seed)
+    model = model if sharded_meta else model.to(device)
+    apply_fp8(model, fp8, fsdp=par.strategy in SHARDED)
     if mem.channels_last:
         model = apply_channels_last(model)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
@@ -86,10 +91,12 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     elif par.strategy == "pipeline":
         step_module = PipelineRunner(model, ties, loss_fn, device, par)
     else:
-        if par.strategy == "fsdp":
+        if par.strategy in SHARDED:
             from turbotrain.distributed.fsdp import apply_fsdp
 
             model = apply_fsdp(model, device, world, precision.autocast_dtype(dtype), par)
+            if sharded_meta:
+                meta_init.materialize(model, device, seed)
         step_module = WithLoss(model, loss_fn, fused)
     if comp.scope == "model":
         compiled = apply_compile(step_module, comp)
@@ -101,11 +108,11 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
-                                                    cfg.parallel, fp8=cfg.precision.fp8,
+                                                    cfg.parallel, cfg.run.seed, fp8=cfg.precision.fp8,
                                                     fused_loss=cfg.kernels.fused_loss)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
-    if cfg.parallel.strategy == "fsdp":
+    if cfg.parallel.strategy in SHARDED:
         from turbotrain.distributed.fsdp import shard_local_step
 
         opt = shard_local_step(opt)

@@ -21,12 +21,13 @@ from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, to_toml
 from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
+from turbotrain.distributed import meta_init
 from turbotrain.distributed.env import DistEnv, init_distributed
-from turbotrain.distributed.parallel import data_parallel, resolve_strategy
+from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
-from turbotrain.models import adapt, args_from_data, build_model
+from turbotrain.models import BUILTIN, adapt, args_from_data, build_model
 from turbotrain.models.structure import WithLoss, find_blocks
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
@@ -72,17 +73,18 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
     names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
+    host = meta_init.HostPeak()
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
-    if resolve_strategy(cfg.parallel.strategy, env.world_size) != "none":
+    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    if strategy != "none":
         device = init_distributed(env, device)
     seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
     # the Python API's datasets get the mapping of dict items that build_dataset gives the config's
     train_ds = map_dict_items(train_data, "train_data") if train_data is not None else build_dataset(cfg.data, "train")
     val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
         build_dataset(cfg.data, "val") if train_data is None else None)
-    data_args = args_from_data(cfg.model, data_meta(train_ds)) if model is None else {}
-    model = adapt(model) if model is not None else build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    model, data_args = _build_model(cfg, model, train_ds, strategy)
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
@@ -91,7 +93,8 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
     sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
-    contract.check_model_data(model, sample, loss_fn, names)
+    if not meta_init.is_meta(model):  # a meta model is checked once materialised (below)
+        contract.check_model_data(model, sample, loss_fn, names)
     if val_ds is not None and len(val_ds):
         val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) \
             if val_data is not None else names
@@ -102,10 +105,10 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
     check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
     ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
-                        sharded=cfg.parallel.strategy in ("fsdp", "pipeline"),  # DCP: every rank writes its part
+                        sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: every rank writes its part
                         flat_optim=cfg.parallel.strategy == "pipeline")
     compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
-    trainee = build_trainee(model, loss_fn, cfg, device, env.world_size)
+    trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
     cfg = _measured_attention(cfg, trainee, sample)
     start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
     if env.is_main and not probe:
@@ -118,7 +121,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = {**_info(cfg, trainee, n_params, cost, start_step, model),
-            "compile_cache": compile_cache.info() if compile_cache else None}
+            "compile_cache": compile_cache.info() if compile_cache else None, "setup_host_growth_mb": setup_growth}
     stages = f" ({env.world_size} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
@@ -126,6 +129,17 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
                start_step=start_step, cost=cost, info=info, compile_cache=compile_cache,
                shapes=shapes)
+
+
+def _build_checked(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int,
+                   host: meta_init.HostPeak, sample: tuple, names: contract.Names) -> tuple[Trainee, list]:
+    """The trainee, each rank's host memory growth so far (data, the model built, sharded and initialised),
+    and the contract's first forward for a meta-built model, which could not run before it was materialised."""
+    trainee = build_trainee(model, loss_fn, cfg, device, world)
+    growth = host.growth_mb_per_rank()
+    if cfg.parallel.meta_init:
+        contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
+    return trainee, growth
 
 
 def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
@@ -138,9 +152,27 @@ def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
     return replace(cfg, kernels=replace(cfg.kernels, attention=choice))
 
 
+def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strategy: str) -> tuple[nn.Module, dict]:
+    """(model, data-derived args): the user's model adapted, or the config's built on the CPU, its parameters
+    on the meta device under parallel.meta_init, initialised from the run seed where it has the seeded hook.
+    Building leaves the global RNG as it was, so a meta build and a full-size one train alike."""
+    if model is not None:
+        return adapt(model), {}
+    data_args = args_from_data(cfg.model, data_meta(train_ds))
+    meta = meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)
+    with torch.random.fork_rng(devices=[]), meta_init.params_on_meta(meta):
+        model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    if not meta:
+        meta_init.initialise(model, cfg.run.seed, fresh=False)
+    return model, data_args
+
+
 def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Config, device: torch.device,
                world: int) -> StepCost:
-    """FLOPs counted on the CPU model before any technique: activation-checkpoint recompute is not model work."""
+    """FLOPs counted on the CPU model before any technique: activation-checkpoint recompute is not model work
+    (a meta model is counted on meta inputs: shapes only)."""
+    if meta_init.is_meta(model):
+        sample = tuple(t.to("meta") for t in sample)
     x = sample[0]
     tokens = x.shape[1] if x.dim() == 2 and not x.is_floating_point() else None
     fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))

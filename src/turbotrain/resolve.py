@@ -37,6 +37,7 @@ class Facts:
     cpus: int = 1
     fused_loss_ready: bool = False  # the model has `hidden` and a bias-free `head` (models.structure)
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
+    on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -51,7 +52,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
-                 cpus=cpus, fused_loss_ready=supports_fused_loss(model), pipeline_layout=layout_of(model) is not None)
+                 cpus=cpus, fused_loss_ready=supports_fused_loss(model), pipeline_layout=layout_of(model) is not None,
+                 on_meta=any(p.is_meta for p in model.parameters()))
 
 
 class _Changes:
@@ -112,13 +114,20 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
 
 def _resolve_parallel(c: _Changes, facts: Facts) -> None:
     from turbotrain.distributed.fsdp import BLOCK_PARAMS_FOR_UNITS
-    from turbotrain.distributed.parallel import resolve_strategy
+    from turbotrain.distributed.parallel import SHARDED, resolve_strategy
 
     strategy = resolve_strategy(c.cfg.parallel.strategy, facts.world_size)
     c.set("parallel", "strategy", strategy)
     if strategy == "none" and c.cfg.parallel.grad_compression != "none":
         c.set("parallel", "grad_compression", "none", "one process has no gradients to reduce")
-    if strategy == "fsdp" and c.cfg.parallel.fsdp_units == "auto":
+    if strategy == "hsdp":
+        from turbotrain.distributed.parallel import hsdp_shape
+
+        c.set("parallel", "shard_size", hsdp_shape(facts.world_size, c.cfg.parallel.shard_size,
+                                                   facts.local_world_size)[1])
+    asked = c.cfg.parallel.meta_init
+    c.set("parallel", "meta_init", facts.on_meta, "a model passed to train() is built already" if asked is True else "")
+    if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":
         big = bool(facts.block_params) and max(facts.block_params) >= BLOCK_PARAMS_FOR_UNITS
         c.set("parallel", "fsdp_units", "blocks" if big else "model")
     if strategy == "pipeline":
@@ -162,7 +171,7 @@ def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
         c.set("compile", "mode", "default", "CUDA graphs cannot hold DDP/FSDP collectives")
     if comp.mode == "reduce-overhead" and not on_gpu:
         c.set("compile", "mode", "default", "CUDA graphs need a GPU")
-    per_block_units = par.strategy == "fsdp" and (
+    per_block_units = par.strategy in ("fsdp", "hsdp") and (
         par.fsdp_units == "blocks"
         or (isinstance(par.fsdp_units, int) and par.fsdp_units >= len(facts.block_params) > 1))
     if per_block_units and comp.scope == "model":
@@ -220,7 +229,7 @@ def _check_fused_loss(cfg: Config, facts: Facts) -> None:
     if cfg.train.loss != "cross_entropy":
         raise UserError(f"kernels.fused_loss = true fuses the head with cross-entropy, not train.loss = "
                         f"{show_value(cfg.train.loss)}; set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
-    if cfg.parallel.strategy == "fsdp":
+    if cfg.parallel.strategy in ("fsdp", "hsdp"):
         raise UserError("kernels.fused_loss = true calls the model's `hidden` and `head` apart, which FSDP2's "
                         "forward hooks do not cover; use parallel.strategy=\"ddp\" or kernels.fused_loss=false")
     if cfg.parallel.strategy == "pipeline":
@@ -232,13 +241,17 @@ def effective_config(cfg: Config) -> Config:
     """The config a `train` of `cfg` would run with, here and now, without training: builds the data and the
     model on the CPU to learn their facts. Usage: `print(to_toml(effective_config(cfg)))`."""
     from turbotrain.data.loader import build_dataset
+    from turbotrain.distributed import meta_init
     from turbotrain.distributed.env import DistEnv
-    from turbotrain.models import build_model
+    from turbotrain.distributed.parallel import resolve_strategy
+    from turbotrain.models import BUILTIN, build_model
     from turbotrain.workload import data_meta, resolve_device
 
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
     train_ds = build_dataset(cfg.data, "train")
     data_args = args_from_data(cfg.model, data_meta(train_ds))
-    model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+    strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
+    with meta_init.params_on_meta(meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)):
+        model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))  # as prepare builds it
     return resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))

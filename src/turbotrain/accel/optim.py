@@ -87,10 +87,15 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
     # torch's clip costs (benchmarks/NOTES.md, session 4); the norms are summed in fp32 below
     total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
     sharded = [g for g in grads if isinstance(g, DTensor)]
-    if sharded:  # FSDP2: every gradient is a 1-D-mesh Shard(0) DTensor; the shards' squares add up
-        if len(sharded) != len(grads) or any(not pl.is_shard() for g in sharded for pl in g.placements):
-            raise NotImplementedError("clip_grad_norm: mixed or replicated DTensor gradients")
-        dist.all_reduce(total_sq, group=sharded[0].device_mesh.get_group())
+    if sharded:  # FSDP2: Shard(0) DTensors; HSDP: (Replicate, Shard(0)) on a 2-D mesh
+        placements = sharded[0].placements
+        if len(sharded) != len(grads) or any(g.placements != placements for g in sharded) \
+                or not any(pl.is_shard() for pl in placements):
+            raise NotImplementedError("clip_grad_norm: mixed or unsharded DTensor gradients")
+        mesh = sharded[0].device_mesh
+        for dim, pl in enumerate(placements):  # the shards' squares add up; replicas hold the same ones
+            if pl.is_shard():
+                dist.all_reduce(total_sq, group=mesh.get_group(dim))
     total = total_sq.sqrt()
     if max_norm != math.inf:
         torch._foreach_mul_(local, torch.clamp(max_norm / (total + 1e-6), max=1.0))

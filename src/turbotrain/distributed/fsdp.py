@@ -5,6 +5,9 @@ block's compute; with small blocks the per-unit hooks cost more host time than t
 "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block (measured
 figures: benchmarks/NOTES.md). `parallel.fsdp_units=N` is for models whose gathered parameters do not fit
 at once: N units hold about 1/N of the blocks gathered at a time.
+HSDP (`parallel.strategy = "hsdp"`): the same units on a 2-D mesh ("replicate", "shard"): parameters are
+sharded within a group of `parallel.shard_size` ranks (one node's GPUs: all-gathers stay on NVLink) and
+replicated across groups (one all-reduce of the sharded gradients between nodes).
 Mixed precision through MixedPrecisionPolicy: bf16/fp16 params for compute, fp32 gradient reduction (bf16
 with parallel.grad_compression="bf16"), fp32 sharded master weights.
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -45,11 +48,20 @@ def unit_groups(model: nn.Module, setting: str | int) -> list[list[nn.Module]]:
     return [list(blocks[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
+def fsdp_mesh(device: torch.device, world_size: int, cfg: ParallelConfig) -> DeviceMesh:
+    """1-D over every rank (fsdp), or 2-D (replicas, shard_size) for hsdp; shard_size arrives resolved."""
+    if cfg.strategy != "hsdp":
+        return init_device_mesh(device.type, (world_size,))
+    shard = cfg.shard_size or world_size
+    say(f"hsdp: {world_size // shard} replicas x {shard} ranks a shard group")
+    return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
+
+
 def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dtype: torch.dtype | None,
                cfg: ParallelConfig) -> nn.Module:
     """Shard each unit of blocks (or the model as one unit), then the root.
     Usage: `model = apply_fsdp(model, device, 8, torch.bfloat16, cfg)` (param_dtype None: fp32 compute)."""
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = fsdp_mesh(device, world_size, cfg)
     reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     groups = unit_groups(model, cfg.fsdp_units)

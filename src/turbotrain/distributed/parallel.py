@@ -9,9 +9,9 @@ from turbotrain.errors import UserError
 
 @dataclass
 class ParallelConfig:
-    strategy: Literal["auto", "none", "ddp", "fsdp", "pipeline"] = "auto"
-    """"auto": ddp when WORLD_SIZE > 1, else none; ddp, fsdp (FSDP2) and pipeline (one stage of blocks per
-    rank) run under torchrun."""
+    strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp", "pipeline"] = "auto"
+    """"auto": ddp when WORLD_SIZE > 1, else none; ddp, fsdp (FSDP2), hsdp (FSDP2 on a 2-D mesh) and pipeline
+    (one stage of blocks per rank) run under torchrun."""
     bucket_cap_mb: int = 100
     """DDP gradient bucket size; under compile each bucket also splits the graph, so fewer is faster."""
     static_graph: bool = False
@@ -32,6 +32,12 @@ class ParallelConfig:
     (all forwards, then all backwards)."""
     pp_microbatches: int = 0
     """Pipeline: chunks each micro-batch is split into (must divide data.batch_size); 0 = 2 x stages."""
+    shard_size: int | None = None
+    """HSDP: ranks per shard group (parameters sharded within it, replicated across groups); None: the local
+    world size (the GPUs of one node)."""
+    meta_init: Literal["auto"] | bool = "auto"
+    """Build the model on the meta device, shard/wrap it, then materialise and initialise it on the target
+    device (it never exists whole on the host); "auto": on under fsdp/hsdp."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb < 1:
@@ -40,8 +46,25 @@ class ParallelConfig:
             raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
         if self.pp_microbatches < 0:
             raise UserError(f"parallel.pp_microbatches = {self.pp_microbatches}: must be >= 1 (0 = 2 x stages)")
+        if self.shard_size is not None and (type(self.shard_size) is not int or self.shard_size < 1):
+            raise UserError(f"parallel.shard_size = {self.shard_size!r}: a count of ranks must be >= 1")
+        if self.meta_init not in ("auto", True, False):
+            raise UserError(f"parallel.meta_init = {self.meta_init!r}: use \"auto\", true or false")
         if self.straggler_ratio <= 1:
             raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
+
+
+SHARDED = ("fsdp", "hsdp")  # the FSDP2 strategies: sharded parameters, optimizer state and checkpoints
+
+
+def hsdp_shape(world_size: int, shard_size: int | None, local_world_size: int) -> tuple[int, int]:
+    """(replicas, shard group size) of the HSDP mesh; the world must be a whole number of shard groups."""
+    shard = shard_size or local_world_size
+    if shard > world_size or world_size % shard:
+        raise UserError(f"parallel.shard_size = {shard}{' (the local world size)' if shard_size is None else ''}: "
+                        f"WORLD_SIZE={world_size} must be a multiple of it; set parallel.shard_size to a divisor "
+                        f"of {world_size}")
+    return world_size // shard, shard
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
@@ -49,7 +72,8 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
     if strategy == "auto":
         return "ddp" if world_size > 1 else "none"
     if strategy == "none" and world_size > 1:
-        raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\" or \"fsdp\"")
+        raise UserError(f"parallel.strategy = \"none\" with WORLD_SIZE={world_size}: use \"ddp\", \"fsdp\" or "
+                        "\"hsdp\"")
     return strategy
 
 

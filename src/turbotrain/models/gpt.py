@@ -9,6 +9,7 @@ from torch import nn
 
 from turbotrain.contract import bool_arg, float_arg, int_arg
 from turbotrain.errors import UserError
+from turbotrain.models import init
 
 
 class Block(nn.Module):
@@ -51,17 +52,21 @@ class GPT(nn.Module):
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_weights:
             self.head.weight = self.wte.weight
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith(("proj.weight", "out.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+        self.init_weights(seed=0)  # the run's seed is applied again by prepare (distributed/meta_init.py)
 
-    @staticmethod
-    def _init(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """GPT-2's initialisation, each parameter from its own generator seeded by (seed, name)
+        (models/init.py): N(0, 0.02) matrices and embeddings, residual projections scaled by depth, LayerNorm
+        weights 1, biases 0. The same values on the meta path (sharded, after to_empty) as at full size."""
+        for name, p in self.named_parameters():  # a tied head is wte.weight: named once
+            if name.endswith("bias"):
+                init.constant_(p, 0.0)
+            elif ".ln" in name or name.startswith("ln"):
+                init.constant_(p, 1.0)
+            else:
+                deep = name.endswith(("proj.weight", "out.weight"))
+                init.normal_(p, seed, name, std=0.02 / math.sqrt(2 * self.n_layer) if deep else 0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.head(self.hidden(idx))

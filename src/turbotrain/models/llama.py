@@ -10,6 +10,7 @@ from torch import nn
 
 from turbotrain.contract import bool_arg, float_arg, int_arg
 from turbotrain.errors import UserError
+from turbotrain.models import init
 
 
 def llama3_ffn_hidden(n_embd: int, multiple_of: int, ffn_dim_multiplier: float) -> int:
@@ -99,18 +100,21 @@ class Llama(nn.Module):
         cos, sin = rope_tables(n_embd // n_head, block_size, rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self._init_weights()
+        self.init_weights(seed=0)  # the run's seed is applied again by prepare (distributed/meta_init.py)
 
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
-        # Each block adds two outputs (attention, MLP) to the residual stream, so at init its variance grows
-        # with 2·n_layer terms; scaling the projections that write into it by 1/sqrt(2·n_layer) keeps the
-        # stream's scale independent of depth (GPT-2's rule).
-        for block in self.blocks:
-            for proj in (block.attn.wo, block.mlp.w2):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.n_layer))
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """N(0, 0.02) matrices and embedding, RMSNorm weights 1, each parameter drawn from (seed, its name)
+        (models/init.py: a meta build, materialised and sharded, starts from the full-size build's weights)."""
+        for name, p in self.named_parameters():  # a tied head is tok_emb.weight: named once
+            if "norm" in name:
+                init.constant_(p, 1.0)
+                continue
+            # Each block adds two outputs (attention, MLP) to the residual stream, so at init its variance grows
+            # with 2·n_layer terms; scaling the projections that write into it by 1/sqrt(2·n_layer) keeps the
+            # stream's scale independent of depth (GPT-2's rule).
+            deep = name.endswith(("attn.wo.weight", "mlp.w2.weight"))
+            init.normal_(p, seed, name, std=0.02 / math.sqrt(2 * self.n_layer) if deep else 0.02)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states (B, T, n_embd): `forward(idx) == head(hidden(idx))`."""
