@@ -49,23 +49,23 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
                      seed: int = 0, *, fp8: str = "off", fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
-    1b. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
-       only that stage reaches the device; activation checkpointing and per-block compile then wrap the
-       stage's own blocks. The schedule over the stage takes the place of DDP/FSDP2 in step 6.
-    2. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
-       is materialised here unless FSDP2 shards it first (then right after 6: only its shard ever exists).
-    2b. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
+    2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
+       only that stage reaches the device; 6 and 7 then wrap the stage's own blocks, and the schedule over the
+       stage takes the place of DDP/FSDP2 in 8.
+    3. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
+       is materialised here unless FSDP2 shards it first (then right after 8: only its shard ever exists).
+    4. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
        so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
        FSDP2, so fully_shard shards the FP8-aware weights and all-gathers them in FP8 (tensorwise); before
        activation checkpointing, so the swap sees the plain block modules.
-    3. channels_last: parameters in NHWC before compile traces them.
-    4. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
-    5. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
-    6. DDP or FSDP2. DDP wraps model + loss: dynamo breaks the graph at DDP's forward, so the loss stays with
-       the head in the graph below.
-    7. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
-       boundaries, so each bucket's all-reduce overlaps the rest of backward.
-    The loss wrapper (6.) carries `fused_loss`: the head + cross-entropy as one chunked op (accel/fused_loss.py)."""
+    5. channels_last: parameters in NHWC before compile traces them.
+    6. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
+    7. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
+    8. DDP, FSDP2/HSDP or the pipeline schedule. DDP wraps model + loss: dynamo breaks the graph at DDP's
+       forward, so the loss stays with the head in the graph below. The loss wrapper carries `fused_loss`:
+       the head + cross-entropy as one chunked op (accel/fused_loss.py).
+    9. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
+       boundaries, so each bucket's all-reduce overlaps the rest of backward."""
     if fused_loss and loss_fn is not cross_entropy:  # a loss passed in code, which the resolver does not see
         raise UserError("kernels.fused_loss = true replaces the loss by the fused cross-entropy, but a loss "
                         "function was passed in code; drop it or set kernels.fused_loss=false")
