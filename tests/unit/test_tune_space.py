@@ -5,6 +5,7 @@ several shard groups; and the fused loss comes before checkpointing where memory
 faked (its capability and bf16 support), so these run on a CPU."""
 import sys
 import types
+
 import pytest
 import torch
 
@@ -62,7 +63,8 @@ def test_a_gpt_on_an_fp8_gpu_gets_fused_loss_and_fp8_only_when_allowed(gpu, torc
     assert cands["fp8"] == [] and "precision.fp8" not in _keys(cands)  # changes numerics: not by default
     _, _, cands = _space("gpt-shakespeare", TINY_GPT, CUDA, allow_fp8=True)
     fp8 = cands["fp8"]
-    assert [c.changes for c in fp8] == [{"precision.dtype": "bf16", "precision.fp8": r} for r in ("tensorwise", "rowwise")]
+    assert [c.changes for c in fp8] == [{"precision.dtype": "bf16", "precision.fp8": r}
+                                        for r in ("tensorwise", "rowwise")]
     assert all(c.numerics for c in fp8) and not any(c.numerics for c in cands["fused loss"])
     names = [d.name for d in dimensions(p)]
     assert names.index("compile") < names.index("fp8") < names.index("fused loss") < names.index(
