@@ -335,6 +335,8 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     tune_dir = Path(cfg.run.out_dir) / cfg.run.name / "tune"
     say(f"tune: probing {config or DEFAULT_PRESET} (data and model on the CPU) …")
     probe, eff = probe_workload(cfg, nproc)
+    if allow_fp8 and not probe.fp8:
+        say("tune: --allow-fp8: FP8 does not apply here (it needs an sm89+ GPU, bf16 and torchao); not searched")
     run = TrialRunner(config, overrides, tune_dir, nproc)
     ctx = Ctx(probe, eff, allow_fp16=allow_fp16, allow_fp8=allow_fp8 or converge, best_fits=False)
     search = Search(ctx, run, budget)
