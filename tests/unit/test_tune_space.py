@@ -171,3 +171,15 @@ def test_the_search_lets_the_fused_loss_fit_a_larger_micro_batch_before_checkpoi
         "micro-batch 16 x accumulation 2, selective checkpointing")
     assert all(t["config"].get("data.batch_size", 8) * t["config"].get("train.grad_accum", 4) == 32
                for t in search.trials)  # the same global batch throughout
+
+
+def test_tuned_toml_says_fp8_changes_the_numerics():
+    from turbotrain.tune_report import tuned_toml
+
+    changes = {"precision.dtype": "bf16", "precision.fp8": "tensorwise"}
+    trial = {"id": "t03", "status": "ok", "tried": changes, "gain": 1.15, "samples_per_s": 115.0, "label": "fp8"}
+    result = {"config": "gpt2-124m", "overrides": [], "run_name": "gpt2-124m", "device": "H200", "torch": "2.11",
+              "trials": [trial], "winner": {"label": "fp8 tensorwise", "changes": changes, "speedup": 1.15,
+                                            "samples_per_s": 115.0}}
+    line = next(ln for ln in tuned_toml(result).splitlines() if ln.startswith("fp8"))
+    assert 'fp8 = "tensorwise"' in line and "changes the numerics" in line and "1.15x" in line
