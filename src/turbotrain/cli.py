@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                     "config's on real data (bench's parity rule)")
     tu.add_argument("--nproc", type=int, default=1, help="processes per trial, launched through torchrun (default 1)")
     tu.add_argument("--allow-fp16", action="store_true", help="also try fp16 + loss scaling where bf16 exists")
+    tu.add_argument("--allow-fp8", action="store_true", help="also try FP8 matmuls (changes numerics; sm89+ GPU, "
+                    "torchao; --converge allows them too and re-checks the loss)")
     pr = with_config("profile", "where a step's time goes: breakdown, verdict, fixes")
     pr.add_argument("--active", type=int, default=5, help="profiled steps (default 5)")
     c = with_config("config", "print the effective TOML of a config (auto values resolved), or the key reference")
@@ -216,7 +218,7 @@ def _tune(args: argparse.Namespace) -> None:
     _check_processes(args.nproc, "--nproc")
     since = process_start() if getattr(args, "whole_process", False) else None
     run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,
-             since)
+             since, args.allow_fp8)
 
 
 def _profile(args: argparse.Namespace) -> None:

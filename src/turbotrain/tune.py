@@ -7,7 +7,8 @@ prunes what cannot win (a micro-batch the memory estimate says will not fit, a p
 what was already slower, more workers past the fastest count) and stops at the budget, killing a trial
 that would overrun it. A trial that fails (out of memory, compile error, bad combination) is a recorded
 result. The finalists are re-run and compared by their median. No candidate changes the math: same global
-batch, LR, schedule and model; fp16 only where bf16 is missing or allowed.
+batch, LR, schedule and model; fp16 only where bf16 is missing or allowed; FP8 only where allowed
+(`--allow-fp8`, or `--converge`, which re-checks the winner's loss).
 
 Usage: `turbotrain tune my.toml --budget-min 10` → {out_dir}/{name}/tune/{tuned.toml,tune.json,tune.md,tune.png}.
 """
@@ -29,7 +30,7 @@ from turbotrain.config import DEFAULT_PRESET, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import say
-from turbotrain.tune_space import COMPILE_GUESS_S, Candidate, Ctx, Dimension, dimensions, probe_workload
+from turbotrain.tune_space import COMPILE_GUESS_S, NUMERICS_KEYS, Candidate, Ctx, Dimension, dimensions, probe_workload
 
 TRIAL_STEPS = 40  # 3 warm-up steps (compile) + 37 timed
 NO_SAVES = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers=["jsonl"]'] + \
@@ -184,7 +185,7 @@ class Search:
     def trial(self, dimension: str, cand: Candidate) -> dict:
         config = {**self.ctx.best, **cand.changes}
         t = {"id": f"t{len(self.trials):02d}", "dimension": dimension, "label": cand.label, "tried": cand.changes,
-             "config": config, "est_mem_gib": cand.est_mem_gib}
+             "config": config, "est_mem_gib": cand.est_mem_gib, **({"numerics": True} if cand.numerics else {})}
         self.trials.append(t)
         skip = cand.skip or self._pruned(cand) or self._over_budget(cand)
         if skip:
@@ -308,18 +309,20 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
     verdict = rows[1].get("verdict", "")
     info = {"checked": failed is None, "verdict": failed or verdict, "baseline_val_loss": rows[0].get("val_loss"),
             "winner_val_loss": rows[1].get("val_loss"), "winner_val_acc": rows[1].get("val_acc")}
-    keeps_precision = "precision.dtype" not in winner["config"]
+    keeps_precision = not set(NUMERICS_KEYS) & set(winner["config"])
     if "parity held" in verdict or (failed and keeps_precision):  # unchecked, but its rounding is the input's
         return winner, info
-    safe = next((f for f in fins if "precision.dtype" not in f["config"]), base)
+    safe = next((f for f in fins if not set(NUMERICS_KEYS) & set(f["config"])), base)
     say(f"tune: convergence parity missed by {winner['label']} ({verdict}); keeping {safe['label']}")
     return safe, {**info, "replaced_by": safe["label"]}
 
 
 def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0, repeats: int = 2,
-             converge: bool = False, nproc: int = 1, allow_fp16: bool = False, since: float | None = None) -> dict:
+             converge: bool = False, nproc: int = 1, allow_fp16: bool = False, since: float | None = None,
+             allow_fp8: bool = False) -> dict:
     """Search, pick, write the four files; returns tune.json's content. `since`: when the budget started
-    (a perf_counter reading; the CLI passes its process's start), default now."""
+    (a perf_counter reading; the CLI passes its process's start), default now. FP8 is searched with
+    `allow_fp8` or `converge` (its loss is re-checked then)."""
     from turbotrain.tune_report import write_outputs
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -332,8 +335,10 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     tune_dir = Path(cfg.run.out_dir) / cfg.run.name / "tune"
     say(f"tune: probing {config or DEFAULT_PRESET} (data and model on the CPU) …")
     probe, eff = probe_workload(cfg, nproc)
+    if allow_fp8 and not probe.fp8:
+        say("tune: --allow-fp8: FP8 does not apply here (it needs an sm89+ GPU, bf16 and torchao); not searched")
     run = TrialRunner(config, overrides, tune_dir, nproc)
-    ctx = Ctx(probe, eff, allow_fp16=allow_fp16, best_fits=False)
+    ctx = Ctx(probe, eff, allow_fp16=allow_fp16, allow_fp8=allow_fp8 or converge, best_fits=False)
     search = Search(ctx, run, budget)
     dims = dimensions(probe)
     search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)

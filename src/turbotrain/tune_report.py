@@ -59,6 +59,8 @@ def tuned_toml(result: dict) -> str:
         section, name = key.split(".", 1)
         raw.setdefault(section, {})[name] = value
         comments[key] = effects.get((key, _toml_value(value)), f"part of {w['label']}, the finalists' fastest median")
+        if key == "precision.fp8" and value != "off":
+            comments[key] += "; FP8 changes the numerics: check the loss (tune --converge, or bench --converge)"
     if w is None:
         head = "no configuration ran: the input config is kept unchanged"
     elif not changes:

@@ -2,6 +2,9 @@
 for them, in the order of their expected gain on that device.
 
 Every candidate keeps the math: the same global batch (micro-batch × accumulation), LR, schedule and model.
+Rounding may change (precision); FP8 changes the numerics more and is searched only when the user allows it
+(`--allow-fp8`, or `--converge`, which re-checks the winner's loss). A lever that depends on the model or
+the device applies where the resolver accepts the config with it set (`levers`): its rules, not a copy.
 A dimension is a function of the search's state (`Ctx`), so its candidates are built on top of the best
 configuration found so far and pruned with the memory estimate of the moment.
 
@@ -9,6 +12,8 @@ Usage: `probe, eff = probe_workload(cfg, nproc=1)`, then `for dim in dimensions(
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -17,11 +22,16 @@ import torch
 from torch import nn
 
 from turbotrain.config import Config
+from turbotrain.errors import UserError
 
 CKPT_ACT_SHARE = {"none": 1.0, "selective": 0.6, "full": 0.25}  # activation memory kept per policy (rough)
 OPT_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}  # fp32 optimizer state per parameter
 FIT_MARGIN = 0.92  # of device memory: the allocator's fragmentation and the CUDA context need the rest
 COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 60.0}  # a first compile, before any was measured
+NUMERICS_KEYS = ("precision.dtype", "precision.fp8")  # keys whose change changes the rounding of the math
+FP8_RECIPES = ("tensorwise", "rowwise")  # tensorwise first: 1.15x bf16 on llama-1b (H200), rowwise 1.01x
+# the SDPA backends' hardware floors, as torch's sdp_utils checks them (cuDNN and flash: sm80+)
+SDPA_MIN_CAPABILITY = {"cudnn": (8, 0), "flash": (8, 0), "efficient": (5, 0)}
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,10 @@ class Probe:
     builtin_optimizer: bool
     static_bytes: int  # parameters + gradients + optimizer state
     capacity_bytes: int  # device (or host) memory per process
+    fused_loss: bool = False  # the resolver accepts kernels.fused_loss (model protocol, cross-entropy, not sharded)
+    fp8: bool = False  # the resolver accepts precision.fp8 with bf16 (an FP8 GPU, torchao importable)
+    attention_backends: tuple[str, ...] = ()  # explicit SDPA backends this GPU runs
+    hsdp_shards: tuple[int, ...] = ()  # HSDP shard-group sizes (1 < size < world) the resolver accepts
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class Candidate:
     compile: bool = False  # costs a compile: budgeted apart
     est_mem_gib: float | None = None
     skip: str | None = None  # a reason not to run it (the memory estimate says it cannot fit)
+    numerics: bool = False  # changes the numerics beyond rounding (FP8): only when the user allows it
     unless_slower: str | None = None  # pruned when this label (doing less of the same) measured slower
 
 
@@ -72,6 +87,7 @@ class Ctx:
     best_fits: bool = True  # False while nothing has run without running out of memory
     act_bytes_per_sample: float | None = None
     allow_fp16: bool = False
+    allow_fp8: bool = False
 
     def value(self, key: str) -> Any:
         """A key's value in the best configuration so far (effective, "auto" resolved)."""
@@ -126,8 +142,49 @@ def probe_workload(cfg: Config, nproc: int = 1) -> tuple[Probe, Config]:
                   has_attention=on_gpu and _uses_sdpa(model, train_ds), in_memory=facts.in_memory_bytes is not None,
                   cpus=facts.cpus, builtin_optimizer=eff.train.optimizer in OPTIMIZERS,
                   static_bytes=n_params * (8 + OPT_STATE_BYTES.get(eff.train.optimizer, 8)),
-                  capacity_bytes=_capacity(device, nproc))
+                  capacity_bytes=_capacity(device, nproc), **levers(cfg, eff, facts))
     return probe, eff
+
+
+def levers(cfg: Config, eff: Config, facts) -> dict[str, Any]:
+    """Which of the model- and device-dependent levers apply (Probe's fields of the same names): each where
+    `resolve` accepts the requested config with it set, so the resolver's rules decide (fused loss: the
+    model's `hidden` + bias-free `head`, cross-entropy, not under fsdp/hsdp/pipeline; FP8: an sm89+ GPU,
+    bf16, torchao; HSDP: a world that is a whole number of shard groups). Usage: `Probe(..., **levers(...))`."""
+    from turbotrain.distributed.parallel import SHARDED
+
+    world, gpu = facts.world_size, facts.device.type == "cuda"
+    shards = tuple(s for s in range(world - 1, 1, -1) if world % s == 0) if eff.parallel.strategy in SHARDED else ()
+    return {"fused_loss": _accepts(cfg, facts, {"kernels.fused_loss": True}),
+            "fp8": gpu and _accepts(cfg, facts, {"precision.dtype": "bf16", "precision.fp8": FP8_RECIPES[0]}),
+            "attention_backends": _sdpa_backends(facts.device) if gpu else (),
+            "hsdp_shards": tuple(s for s in shards if _accepts(cfg, facts, {"parallel.strategy": "hsdp",
+                                                                          "parallel.shard_size": s}))}
+
+
+def with_changes(cfg: Config, changes: dict[str, Any]) -> Config:
+    """`cfg` with dotted keys set: `with_changes(cfg, {"kernels.fused_loss": True})`."""
+    for key, value in changes.items():
+        section, name = key.split(".", 1)
+        cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
+    return cfg
+
+
+def _accepts(cfg: Config, facts, changes: dict[str, Any]) -> bool:
+    """Does the resolver accept `cfg` with `changes`? Quietly: its notes are for the trial that runs it."""
+    from turbotrain.resolve import resolve
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            resolve(with_changes(cfg, changes), facts)
+    except UserError:
+        return False
+    return True
+
+
+def _sdpa_backends(device: torch.device) -> tuple[str, ...]:
+    cap = torch.cuda.get_device_capability(device)
+    return tuple(b for b, need in SDPA_MIN_CAPABILITY.items() if cap >= need)
 
 
 def _capacity(device: torch.device, nproc: int) -> int:
@@ -172,10 +229,12 @@ def dimensions(probe: Probe) -> list[Dimension]:
             "optimizer": Dimension("optimizer kernel", _optimizer),
             "channels_last": Dimension("channels_last", _channels_last),
             "attention": Dimension("attention backend", _attention), "parallel": Dimension("parallel", _parallel),
-            "autotune": Dimension("compile max-autotune", _autotune)}
-    order = (["precision", "compile", "channels_last", "optimizer", "attention", "memory", "data", "loader",
-              "parallel", "autotune"] if probe.on_gpu else
-             ["data", "loader", "optimizer", "memory", "precision", "channels_last", "parallel", "compile"])
+            "autotune": Dimension("compile max-autotune", _autotune), "fp8": Dimension("fp8", _fp8),
+            "fused_loss": Dimension("fused loss", _fused_loss)}
+    order = (["precision", "compile", "fp8", "channels_last", "optimizer", "attention", "fused_loss", "memory",
+              "data", "loader", "parallel", "autotune"] if probe.on_gpu else
+             ["data", "loader", "optimizer", "fused_loss", "memory", "precision", "channels_last", "parallel",
+              "compile"])
     return [dims[k] for k in order]
 
 
@@ -189,6 +248,24 @@ def _precision(ctx: Ctx) -> list[Candidate]:
         return _only_new(ctx, [Candidate("bf16", {"precision.dtype": "bf16"})])
     names = (["bf16"] if p.bf16 else []) + ["tf32"] + (["fp16"] if not p.bf16 or ctx.allow_fp16 else [])
     return _only_new(ctx, [Candidate(n, {"precision.dtype": n}) for n in names])
+
+
+def _fp8(ctx: Ctx) -> list[Candidate]:
+    """FP8 matmuls (on bf16): numerics change beyond rounding, so only when allowed; after compile, which
+    fuses the FP8 casts (eager, they may cost more than the FP8 matmuls save)."""
+    if not (ctx.probe.fp8 and ctx.allow_fp8):
+        return []
+    return _only_new(ctx, [Candidate(f"fp8 {r}", {"precision.dtype": "bf16", "precision.fp8": r}, numerics=True)
+                           for r in FP8_RECIPES])
+
+
+def _fused_loss(ctx: Ctx) -> list[Candidate]:
+    """The head and cross-entropy as one chunked op, as a speed candidate (on, or off where the input has it
+    on); as a memory lever it is tried again in the memory dimension, before checkpointing."""
+    if not ctx.probe.fused_loss:
+        return []
+    on = not ctx.value("kernels.fused_loss")
+    return [Candidate(f"fused loss {'on' if on else 'off'}", {"kernels.fused_loss": on})]
 
 
 def _compile_changes(mode: str, scope: str) -> dict[str, Any]:
@@ -216,20 +293,27 @@ def _memory(ctx: Ctx) -> list[Candidate]:
     names all three keys. Where the best so far fits: larger micro-batches (fewer, fuller steps), each with
     the least checkpointing the estimate says fits. Checkpointing policies at the current micro-batch and
     smaller micro-batches only where memory is the problem: nothing fits yet, or the best so far
-    checkpoints (less of it may fit). Where nothing fits yet, smaller micro-batches come first."""
+    checkpoints (less of it may fit). Where nothing fits yet, smaller micro-batches come first. The fused
+    loss (no logits kept) is the lever before checkpointing: where it applies and is off, it comes first
+    where memory is the problem, and before each larger micro-batch that would need checkpointing."""
     p, m0, ckpt0 = ctx.probe, ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
     per_device = m0 * ctx.value("train.grad_accum")
     policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
     ok = [] if p.has_batchnorm else [m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8)
                                      if 1 <= m <= per_device and per_device % m == 0]
-    larger = [_micro(ctx, m, per_device, policies[policies.index(ckpt0):]) for m in ok if m > m0]
+    fused = p.fused_loss and not ctx.value("kernels.fused_loss")
+    larger = [c for m in ok if m > m0 for c in _micro_levers(ctx, m, per_device, policies[policies.index(ckpt0):],
+                                                             fused)]
     tight = not ctx.best_fits or ckpt0 != "none"
     smaller = [_micro(ctx, m, per_device, ["none"]) for m in ok if m < m0] if tight else []
     at_m0 = [_micro(ctx, m0, per_device, [pol]) for pol in policies if pol != ckpt0] if tight else []
     if "selective" in policies:  # full recomputes more than selective: it cannot win where selective was slower
         at_m0 = [replace(c, unless_slower=next(x.label for x in at_m0 if "selective" in x.label))
                  if "full" in c.label and "selective" != ckpt0 else c for c in at_m0]
-    return _only_new(ctx, larger + at_m0 + smaller if ctx.best_fits else smaller + at_m0 + larger)
+    # nothing fits: the same policy with the fused loss; checkpointing: one level less of it with the fused loss
+    less = ckpt0 if not ctx.best_fits else policies[max(0, policies.index(ckpt0) - 1)]
+    lever = [_fused_micro(ctx, m0, per_device, less)] if fused and tight else []
+    return _only_new(ctx, lever + (larger + at_m0 + smaller if ctx.best_fits else smaller + at_m0 + larger))
 
 
 def _micro(ctx: Ctx, m: int, per_device: int, policies: list[str]) -> Candidate:
@@ -242,6 +326,21 @@ def _micro(ctx: Ctx, m: int, per_device: int, policies: list[str]) -> Candidate:
                          est_mem_gib=ctx.estimate_gib(m, policies[-1]), skip="the memory estimate says it does not fit")
     return Candidate(f"{label}, {fit} checkpointing", {**changes, "memory.activation_checkpointing": fit},
                      est_mem_gib=ctx.estimate_gib(m, fit))
+
+
+def _micro_levers(ctx: Ctx, m: int, per_device: int, policies: list[str], fused: bool) -> list[Candidate]:
+    """Micro-batch `m`: with the fused loss and the least checkpointing first where the estimate says `m`
+    fits only with more checkpointing (the estimate does not know the fused loss's saving: it is measured)."""
+    plain = _micro(ctx, m, per_device, policies)
+    if not fused or plain.skip or plain.changes["memory.activation_checkpointing"] == policies[0]:
+        return [plain]
+    return [_fused_micro(ctx, m, per_device, policies[0]), plain]
+
+
+def _fused_micro(ctx: Ctx, m: int, per_device: int, policy: str) -> Candidate:
+    return Candidate(f"micro-batch {m} x accumulation {per_device // m}, fused loss, {policy} checkpointing",
+                     {"data.batch_size": m, "train.grad_accum": per_device // m,
+                      "memory.activation_checkpointing": policy, "kernels.fused_loss": True})
 
 
 def _data(ctx: Ctx) -> list[Candidate]:
@@ -286,18 +385,32 @@ def _channels_last(ctx: Ctx) -> list[Candidate]:
 
 
 def _attention(ctx: Ctx) -> list[Candidate]:
-    if not ctx.probe.has_attention:
+    """The measured pick ("auto": a micro-benchmark of the model's own SDPA calls) first, then each explicit
+    backend end to end; only where the GPU runs several."""
+    p = ctx.probe
+    if not p.has_attention or len(p.attention_backends) < 2:
         return []
-    return _only_new(ctx, [Candidate(f"{b} attention", {"kernels.attention": b})
-                           for b in ("cudnn", "flash", "efficient")])
+    return _only_new(ctx, [Candidate("attention auto (measured)", {"kernels.attention": "auto"}),
+                           *(Candidate(f"{b} attention", {"kernels.attention": b}) for b in p.attention_backends)])
 
 
 def _parallel(ctx: Ctx) -> list[Candidate]:
     p = ctx.probe
     if p.world_size < 2:
         return []
-    if p.strategy == "fsdp":
+    if p.strategy in ("fsdp", "hsdp"):
         units = [Candidate(f"FSDP2 units {u}", {"parallel.fsdp_units": u}) for u in ("blocks", "model")]
         return _only_new(ctx, [*units, Candidate("FSDP2 keep gathered after forward",
-                                                 {"parallel.reshard_after_forward": False})])
+                                                 {"parallel.reshard_after_forward": False}), *_hsdp(ctx)])
     return _only_new(ctx, [Candidate(f"DDP buckets {mb} MB", {"parallel.bucket_cap_mb": mb}) for mb in (25, 50, 200)])
+
+
+def _hsdp(ctx: Ctx) -> list[Candidate]:
+    """HSDP (sharded within groups, replicated across them: the all-gathers stay within a group) at each
+    shard-group size smaller than the world, and plain FSDP2 (one group of all ranks) where the input is HSDP."""
+    p = ctx.probe
+    out = [Candidate(f"HSDP shard groups of {s} ({p.world_size // s} replicas)",
+                     {"parallel.strategy": "hsdp", "parallel.shard_size": s}) for s in p.hsdp_shards]
+    if p.strategy == "hsdp":
+        out.append(Candidate("FSDP2 (one shard group)", {"parallel.strategy": "fsdp"}))
+    return out

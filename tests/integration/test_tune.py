@@ -49,7 +49,7 @@ def test_tune_speeds_up_a_host_bound_dataset_and_its_result_trains(tmp_path):
 def _probe(**kw) -> Probe:
     base = dict(on_gpu=True, bf16=True, world_size=1, strategy="none", has_conv=False, has_blocks=True,
                 has_batchnorm=False, has_attention=True, in_memory=True, cpus=16, builtin_optimizer=True,
-                static_bytes=2 << 30, capacity_bytes=80 << 30)
+                static_bytes=2 << 30, capacity_bytes=80 << 30, attention_backends=("cudnn", "flash", "efficient"))
     return Probe(**{**base, **kw})
 
 
