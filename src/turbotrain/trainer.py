@@ -123,7 +123,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             raise Stopped(stop.signum, done)
         if every and done % every == 0 and done < t.steps and _finite(run, loss, grad_norm):  # sync point
             t0 = time.perf_counter()
-            hooks.call("on_checkpoint", done, run.save_checkpoint(done))
+            hooks.call("on_checkpoint", done, run.save_checkpoint(done, wait=False))  # the end/stop saves wait
             monitor.exclude(time.perf_counter() - t0)  # a save is not training time
     return done
 

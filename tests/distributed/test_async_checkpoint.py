@@ -1,0 +1,33 @@
+"""`checkpoint.async_save` on 2 gloo FSDP2 ranks: the shards are staged to host memory and written in the
+background while training goes on; the run's losses equal a synchronous run's, every checkpoint is sealed
+(the one still in flight when the run ended included) and verifies, and a resume from the one written while
+training went on continues the exact curve."""
+import shutil
+
+import pytest
+
+from tests.distributed.test_ranks import TINY, losses, run
+from turbotrain.checkpoint import Checkpointer
+
+COMMON = [*TINY, "train.schedule=constant", "train.warmup_steps=0", "checkpoint.every=2",
+          "parallel.strategy=fsdp", 'parallel.fsdp_units="blocks"', "data.batch_size=4"]
+
+
+def test_async_save_equals_sync_and_resumes_exactly(tmp_path):
+    run(tmp_path, 2, *COMMON, "run.name=sync")
+    run(tmp_path, 2, *COMMON, "run.name=async", "checkpoint.async_save=true")
+    assert losses(tmp_path, "async") == pytest.approx(losses(tmp_path, "sync"), rel=1e-6)
+    ckpts = tmp_path / "async" / "checkpoints"
+    # step 4 was being written while steps 5 and 6 trained: the end of the run sealed it, then saved step 6
+    assert [p.name for p in Checkpointer(None, tmp_path / "async", 0, 2, True).list()] == \
+        ["step-00000002", "step-00000004", "step-00000006"]
+    assert not list(ckpts.glob(".tmp-step-*"))
+    for p in ckpts.glob("step-*"):
+        assert Checkpointer.verify(p) is None, p
+    resumed = tmp_path / "resumed" / "checkpoints"
+    resumed.mkdir(parents=True)
+    shutil.copytree(ckpts / "step-00000004", resumed / "step-00000004")
+    r = run(tmp_path, 2, *COMMON, "run.name=resumed", "checkpoint.async_save=true")
+    assert "resumed from step 4" in r.stdout
+    assert losses(tmp_path, "resumed") == pytest.approx(losses(tmp_path, "async")[4:], rel=1e-5, abs=1e-5)
+
