@@ -454,6 +454,7 @@ class Checkpointer:
             failure = e
         self._fail_together(failure, tmp)
         self._seal_together(tmp, final, step, meta)
+        say(f"checkpoint: {final.name} written in the background; sealed")
         return final
 
     def _seal_together(self, tmp: Path, final: Path, step: int, meta: dict) -> None:

@@ -15,7 +15,9 @@ COMMON = [*TINY, "train.schedule=constant", "train.warmup_steps=0", "checkpoint.
 
 def test_async_save_equals_sync_and_resumes_exactly(tmp_path):
     run(tmp_path, 2, *COMMON, "run.name=sync")
-    run(tmp_path, 2, *COMMON, "run.name=async", "checkpoint.async_save=true")
+    r = run(tmp_path, 2, *COMMON, "run.name=async", "checkpoint.async_save=true")
+    sealed = [line for line in r.stdout.splitlines() if "written in the background; sealed" in line]
+    assert [line.split()[2] for line in sealed] == ["step-00000002", "step-00000004"]  # step 6, the end: waited
     assert losses(tmp_path, "async") == pytest.approx(losses(tmp_path, "sync"), rel=1e-6)
     ckpts = tmp_path / "async" / "checkpoints"
     # step 4 was being written while steps 5 and 6 trained: the end of the run sealed it, then saved step 6
