@@ -15,7 +15,8 @@ no half checkpoint under a valid name; a failed write (disk full) removes the te
 user error. With `checkpoint.async_save` (sharded checkpoints) the DCP shards are staged to host memory
 and written by a background thread; the small files are written at once, and the checkpoint is sealed
 (manifest, rename) only once every rank's write has finished: at the next save (one save in flight at a
-time), at the end of the run, or on a stop. A kill before then leaves only the temp folder. Checkpoints are written only inside the run dir (no symlink out of it is followed).
+time), at the end of the run, or on a stop. A kill before then leaves only the temp folder.
+Checkpoints are written only inside the run dir (no symlink out of it is followed).
 
 Loading never runs pickled code: `torch.load(weights_only=True)` for state.pt, the RNG files and DCP's
 byte items, a restricted unpickler (an allow-list of DCP's metadata classes) for `dcp/.metadata`, JSON for

@@ -191,7 +191,8 @@ def test_llama_8b_preset_builds_on_meta_with_8b_params():
     """The preset's model on the meta device (shapes only, no memory): Llama-3-8B has 8,030,261,248 parameters."""
     cfg = load_config("llama-8b")
     assert cfg.parallel.strategy == "fsdp" and cfg.parallel.fsdp_units == "blocks" and cfg.parallel.meta_init is True
-    assert cfg.memory.activation_checkpointing == "selective" and cfg.model.args["block_size"] == cfg.data.args["seq_len"]
+    assert cfg.memory.activation_checkpointing == "selective"
+    assert cfg.model.args["block_size"] == cfg.data.args["seq_len"] == 8192
     with torch.device("meta"):
         model = llama.build(**cfg.model.args)
     assert all(p.is_meta for p in model.parameters())

@@ -4,7 +4,8 @@ Units: with big blocks each repeated block is its own FSDP unit, so its all-gath
 block's compute; with small blocks the per-unit hooks cost more host time than the block computes, so
 "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block (measured
 figures: benchmarks/NOTES.md). `parallel.fsdp_units=N` is for models whose gathered parameters do not fit
-at once: N units hold about 1/N of the blocks gathered at a time.
+at once: N units hold about 1/N of the blocks gathered at a time. `parallel.fsdp_prefetch` makes each unit
+issue the next units' all-gathers explicitly (see `set_prefetch`).
 HSDP (`parallel.strategy = "hsdp"`): the same units on a 2-D mesh ("replicate", "shard"): parameters are
 sharded within a group of `parallel.shard_size` ranks (one node's GPUs: all-gathers stay on NVLink) and
 replicated across groups (one all-reduce of the sharded gradients between nodes).
