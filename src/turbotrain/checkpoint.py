@@ -438,10 +438,15 @@ class Checkpointer:
         self._seal_together(tmp, final, step, meta)
         return final
 
-    def finish(self) -> Path | None:
+    @property
+    def in_flight(self) -> bool:
+        """An async save is being written and is not sealed yet."""
+        return self._pending is not None
+
+    def finish(self) -> tuple[int, Path] | None:
         """Seal the save in flight, if any (all ranks together): wait for this rank's background write, agree
         that every rank's succeeded, then seal it as a synchronous save does; a failure removes the temp folder
-        and is one UserError. Returns the sealed checkpoint's folder."""
+        and is one UserError. Returns the sealed checkpoint's (step, folder)."""
         if self._pending is None:
             return None
         step, final, tmp, meta, future = self._pending
@@ -456,7 +461,7 @@ class Checkpointer:
         self._fail_together(failure, tmp)
         self._seal_together(tmp, final, step, meta)
         say(f"checkpoint: {final.name} written in the background; sealed")
-        return final
+        return step, final
 
     def _seal_together(self, tmp: Path, final: Path, step: int, meta: dict) -> None:
         failure = self._seal(tmp, final, step, meta) if self.rank == 0 else None

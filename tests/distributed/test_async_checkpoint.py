@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from tests.distributed.test_ranks import TINY, losses, run
+from tests.helpers import userpkg_env
 from turbotrain.checkpoint import Checkpointer
 
 COMMON = [*TINY, "train.schedule=constant", "train.warmup_steps=0", "checkpoint.every=2",
@@ -15,9 +16,13 @@ COMMON = [*TINY, "train.schedule=constant", "train.warmup_steps=0", "checkpoint.
 
 def test_async_save_equals_sync_and_resumes_exactly(tmp_path):
     run(tmp_path, 2, *COMMON, "run.name=sync")
-    r = run(tmp_path, 2, *COMMON, "run.name=async", "checkpoint.async_save=true")
+    r = run(tmp_path, 2, *COMMON, "run.name=async", "checkpoint.async_save=true",
+            'train.callbacks=["userpkg.extensions:CheckpointsOnDisk"]', env={"PYTHONPATH": userpkg_env()["PYTHONPATH"]})
     sealed = [line for line in r.stdout.splitlines() if "written in the background; sealed" in line]
     assert [line.split()[2] for line in sealed] == ["step-00000002", "step-00000004"]  # step 6, the end: waited
+    # callbacks see each checkpoint once it is sealed on disk (rank 0's lines; every rank checked its own)
+    hooked = sorted({line for line in r.stdout.splitlines() if line.startswith("on_checkpoint:")})
+    assert hooked == [f"on_checkpoint: step {s} step-{s:08d}" for s in (2, 4, 6)]
     assert losses(tmp_path, "async") == pytest.approx(losses(tmp_path, "sync"), rel=1e-6)
     ckpts = tmp_path / "async" / "checkpoints"
     # step 4 was being written while steps 5 and 6 trained: the end of the run sealed it, then saved step 6

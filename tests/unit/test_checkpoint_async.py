@@ -30,7 +30,8 @@ def test_sealed_at_the_next_save_and_at_finish(tmp_path):
     assert ck.list() == [] and (tmp_path / "checkpoints" / ".tmp-step-00000001").is_dir()  # in flight
     ck.save(2, *parts, {"k": 1}, wait=False)  # seals step 1 first: one save in flight at a time
     assert [p.name for p in ck.list()] == ["step-00000001"] and Checkpointer.verify(ck.list()[0]) is None
-    assert ck.finish() == tmp_path / "checkpoints" / "step-00000002"
+    assert ck.in_flight and ck.finish() == (2, tmp_path / "checkpoints" / "step-00000002")
+    assert not ck.in_flight
     assert Checkpointer.verify(ck.list()[1]) is None and ck.finish() is None
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
 
