@@ -38,3 +38,25 @@ def test_async_save_equals_sync_and_resumes_exactly(tmp_path):
     assert "resumed from step 4" in r.stdout
     assert losses(tmp_path, "resumed") == pytest.approx(losses(tmp_path, "async")[4:], rel=1e-5, abs=1e-5)
 
+
+
+@pytest.mark.timeout(400)
+def test_async_save_of_pipeline_stages_resumes_exactly(tmp_path):
+    """Pipeline stages write their own parts (DCP) the same way: equal to synchronous saves, and the checkpoint
+    still in flight at the end of the run (step 2: step 4 is the end's own) resumes on the same curve."""
+    from tests.distributed.test_pipeline_parallel import TINY as PP_TINY
+    from tests.distributed.test_pipeline_parallel import metrics, train
+
+    args = [*PP_TINY, "parallel.strategy=pipeline", "data.batch_size=8", "train.schedule=constant",
+            "checkpoint.every=2", "train.steps=4"]
+    train(tmp_path, 2, *args, "run.name=sync")
+    train(tmp_path, 2, *args, "run.name=async", "checkpoint.async_save=true")
+    done = [row["loss"] for row in metrics(tmp_path, "async")]
+    assert done == pytest.approx([row["loss"] for row in metrics(tmp_path, "sync")], rel=1e-6)
+    ckpts = tmp_path / "async" / "checkpoints"
+    assert Checkpointer.verify(ckpts / "step-00000002") is None and not list(ckpts.glob(".tmp-step-*"))
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpts / "step-00000002", tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    r = train(tmp_path, 2, *args, "run.name=resumed", "checkpoint.async_save=true")
+    assert "resumed from step 2" in r.stdout + r.stderr
+    assert [row["loss"] for row in metrics(tmp_path, "resumed")] == pytest.approx(done[2:], abs=1e-5, rel=1e-5)
