@@ -12,7 +12,11 @@ Layout of `{run_dir}/checkpoints/step-00000120/`:
 
 A checkpoint is written into a temp folder, fsynced, then renamed into place: a crash mid-write leaves
 no half checkpoint under a valid name; a failed write (disk full) removes the temp folder and is one
-user error. Checkpoints are written only inside the run dir (no symlink out of it is followed).
+user error. With `checkpoint.async_save` (sharded checkpoints) the DCP shards are staged to host memory
+and written by a background thread; the small files are written at once, and the checkpoint is sealed
+(manifest, rename) only once every rank's write has finished: at the next save (one save in flight at a
+time), at the end of the run, or on a stop. A kill before then leaves only the temp folder.
+Checkpoints are written only inside the run dir (no symlink out of it is followed).
 
 Loading never runs pickled code: `torch.load(weights_only=True)` for state.pt, the RNG files and DCP's
 byte items, a restricted unpickler (an allow-list of DCP's metadata classes) for `dcp/.metadata`, JSON for
@@ -58,6 +62,9 @@ class CheckpointConfig:
     """"auto" (the latest good one in the run directory) | "never" | a checkpoint folder."""
     final: bool = True
     """Write the trained model to final/ (safetensors + config) at the end, checkpoints or not."""
+    async_save: bool = False
+    """Sharded checkpoints (fsdp/hsdp/pipeline): copy the state to host memory and write it in a background
+    thread while training goes on; sealed (manifest, renamed into place) at the next save, end or stop."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -398,11 +405,16 @@ class Checkpointer:
         self.rank, self.world_size, self.sharded = rank, world_size, sharded
         self.flat_optim = flat_optim
         self.loaded: Path | None = None  # the checkpoint `load` restored (an older one after a fallback)
+        self._pending: tuple | None = None  # the async save in flight: (step, final, tmp, meta, future)
+        self._async_group = None  # the background write's own gloo group: its collectives never meet training's
 
     # -------------------------------------------------------------- save
-    def save(self, step: int, model: nn.Module, opt, sched, scaler, meta: dict) -> Path:
+    def save(self, step: int, model: nn.Module, opt, sched, scaler, meta: dict, wait: bool = True) -> Path:
         """Every rank writes its part into a temp folder; rank 0 seals it (manifest, fsync) and renames it
-        into place. A write failure on any rank: the temp folder goes, earlier checkpoints stay, one error."""
+        into place. A write failure on any rank: the temp folder goes, earlier checkpoints stay, one error.
+        wait=False with checkpoint.async_save (sharded): the shards are staged to host memory and written in the
+        background; `finish` (the next save, the end of the run) seals them. A save in flight is sealed first."""
+        self.finish()
         final = self.dir / f"step-{step:08d}"
         tmp = self.dir / f".tmp-step-{step:08d}"
         self._check_inside(final, tmp)
@@ -414,24 +426,64 @@ class Checkpointer:
             except OSError as e:
                 failure = e
         self._fail_together(failure, tmp)
-        self._fail_together(self._write(tmp, model, opt, sched, scaler), tmp)  # also the barrier: all written
-        if self.rank == 0:
-            failure = self._seal(tmp, final, step, meta)
+        background = self.cfg.async_save and self.sharded and not wait
+        written = self._write(tmp, model, opt, sched, scaler, background)
+        failure = written if isinstance(written, BaseException) else None
+        if background and not self._agree(1 if failure else 0):  # every rank's write is under way
+            self._pending = (step, final, tmp, meta, written)
+            return final
+        if background and failure is None:  # another rank failed: this rank's write ends before the folder goes
+            _failed_future(written, None)
+        self._fail_together(failure, tmp)  # also the barrier: all written
+        self._seal_together(tmp, final, step, meta)
+        return final
+
+    @property
+    def in_flight(self) -> bool:
+        """An async save is being written and is not sealed yet."""
+        return self._pending is not None
+
+    def finish(self) -> tuple[int, Path] | None:
+        """Seal the save in flight, if any (all ranks together): wait for this rank's background write, agree
+        that every rank's succeeded, then seal it as a synchronous save does; a failure removes the temp folder
+        and is one UserError. Returns the sealed checkpoint's (step, folder)."""
+        if self._pending is None:
+            return None
+        step, final, tmp, meta, future = self._pending
+        self._pending = None
+        failure: BaseException | None = None
+        try:
+            future.result()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException (a BaseException) wraps a rank's write error
+            failure = e
+        self._fail_together(failure, tmp)
+        self._seal_together(tmp, final, step, meta)
+        say(f"checkpoint: {final.name} written in the background; sealed")
+        return step, final
+
+    def _seal_together(self, tmp: Path, final: Path, step: int, meta: dict) -> None:
+        failure = self._seal(tmp, final, step, meta) if self.rank == 0 else None
         self._fail_together(failure, tmp)
         if self.rank == 0:
             self._prune()
         self._barrier()
-        return final
 
-    def _write(self, tmp: Path, model: nn.Module, opt, sched, scaler) -> BaseException | None:
-        """This rank's files (DCP shards, rank 0's state.pt, its RNG state); the failure, if any."""
+    def _write(self, tmp: Path, model: nn.Module, opt, sched, scaler, background: bool = False):
+        """This rank's files (DCP shards, rank 0's state.pt, its RNG state); the failure, if any. background:
+        the shards are staged to host memory here and written by a thread: returns the write's future."""
+        future = None
         try:
             if self.sharded:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import get_state_dict
 
                 msd, osd = get_state_dict(model, opt, options=self._sd_options())
-                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "dcp"))
+                if background:
+                    future = self._start_async_write({"model": msd, "optim": osd}, tmp / "dcp")
+                else:
+                    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "dcp"))
             if self.rank == 0:
                 state = {"sched": sched.state_dict(), "scaler": scaler.state_dict()}
                 if not self.sharded:
@@ -441,12 +493,26 @@ class Checkpointer:
             torch.save(tensors, tmp / f"rng-rank{self.rank}.pt")
             (tmp / f"rng-rank{self.rank}.json").write_text(json.dumps(plain))
         except (OSError, RuntimeError) as e:
-            return e
+            return _failed_future(future, e) if future is not None else e
         except BaseException as e:  # DCP's CheckpointException (a BaseException) wraps a rank's write error
             if type(e).__name__ != "CheckpointException":
                 raise
-            return e
-        return None
+            return _failed_future(future, e) if future is not None else e
+        return future
+
+    def _start_async_write(self, state: dict, folder: Path):
+        """`dcp.async_save`: the state is copied to host memory before it returns (training may then change
+        the parameters), and written by a background thread whose collectives run on a gloo group of their own
+        (async save needs a CPU backend; sharing training's group would interleave two threads' collectives)."""
+        import torch.distributed.checkpoint as dcp
+
+        if self._async_group is None and dist.is_initialized():
+            self._async_group = dist.new_group(backend="gloo")
+        response = dcp.async_save(state, checkpoint_id=str(folder), process_group=self._async_group)
+        staged = getattr(response, "staging_completion", None)  # newer torch with an asynchronous stager
+        if staged is not None:
+            staged.result()
+        return getattr(response, "upload_completion", response)
 
     def _seal(self, tmp: Path, final: Path, step: int, meta: dict) -> OSError | None:
         """Rank 0: manifest and meta digest, fsync, then the atomic rename (an earlier checkpoint of the same
@@ -794,6 +860,17 @@ class Checkpointer:
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
+
+
+def _failed_future(future, e: BaseException):
+    """A later file of an async save failed: wait out the background write (its folder is about to be removed),
+    then report `e`."""
+    try:
+        future.result()
+    except BaseException as inner:  # the write's own failure does not matter any more
+        if isinstance(inner, (KeyboardInterrupt, SystemExit)):
+            raise
+    return e
 
 
 def _dcp_inner(e: BaseException) -> BaseException:

@@ -54,12 +54,17 @@ class Run:
     shapes: dict  # the whole model's parameter shapes: a checkpoint's identity (a pipeline stage holds a part)
     compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
 
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
+        """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
+        sealed first; this one too unless wait=False and checkpoint.async_save (written in the background,
+        returned by the next call)."""
+        sealed = [done] if (done := self.ckpt.finish()) else []
         tr = self.trainee
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
                 "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
                 "config": to_toml(self.cfg)}
-        return self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta)
+        path = self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta, wait=wait)
+        return sealed if self.ckpt.in_flight else [*sealed, (step, path)]
 
 
 def check_config(cfg) -> None:

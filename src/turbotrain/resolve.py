@@ -132,6 +132,11 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
         c.set("parallel", "fsdp_units", "blocks" if big else "model")
     if strategy == "pipeline":
         _resolve_pipeline(c, facts)
+    # one state.pt written by rank 0: its whole-model host copy would cost more than the write it hides
+    if c.cfg.checkpoint.async_save and strategy not in (*SHARDED, "pipeline"):
+        raise UserError(f"checkpoint.async_save = true with parallel.strategy = \"{strategy}\": async saves are for "
+                        "sharded (DCP) checkpoints; use parallel.strategy=\"fsdp\", \"hsdp\" or \"pipeline\", or "
+                        "checkpoint.async_save=false")
 
 
 def _resolve_pipeline(c: _Changes, facts: Facts) -> None:

@@ -68,7 +68,7 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     finally:
         monitor.close()
     if run.cfg.checkpoint.every:
-        hooks.call("on_checkpoint", done, run.save_checkpoint(done))
+        _save(run, hooks, done)
     if run.cfg.checkpoint.final:
         write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
     tr = run.trainee
@@ -119,13 +119,19 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
                 hooks.call("on_eval_end", done, loss=row["loss"])
         if _agreed_stop(stop, run, check=is_log or run.env.world_size == 1):
             if every:
-                hooks.call("on_checkpoint", done, run.save_checkpoint(done))
+                _save(run, hooks, done)
             raise Stopped(stop.signum, done)
         if every and done % every == 0 and done < t.steps and _finite(run, loss, grad_norm):  # sync point
             t0 = time.perf_counter()
-            hooks.call("on_checkpoint", done, run.save_checkpoint(done))
+            _save(run, hooks, done, wait=False)  # the end and stop saves wait for theirs
             monitor.exclude(time.perf_counter() - t0)  # a save is not training time
     return done
+
+
+def _save(run: Run, hooks: Hooks, step: int, wait: bool = True) -> None:
+    """Save; `on_checkpoint` sees each checkpoint once it is on disk (an async one: at the next save)."""
+    for saved_step, path in run.save_checkpoint(step, wait=wait):
+        hooks.call("on_checkpoint", saved_step, path)
 
 
 def _finite(run: Run, loss, grad_norm) -> bool:

@@ -191,11 +191,11 @@ def test_sigterm_during_the_final_save_still_saves_and_summarizes(tmp_path, caps
 
     original = Run.save_checkpoint
 
-    def save_with_a_signal(self, step):
+    def save_with_a_signal(self, step, **kw):
         if step == self.cfg.train.steps:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the final checkpoint is being written
             time.sleep(0.05)
-        return original(self, step)
+        return original(self, step, **kw)
 
     monkeypatch.setattr(Run, "save_checkpoint", save_with_a_signal)
     rc, out, err = train(capsys, BASE, f"run.out_dir={lit(tmp_path)}", "checkpoint.every=2")

@@ -185,3 +185,17 @@ def test_fp8_converts_large_untied_linears_only():
     apply_fp8(sharded, "tensorwise", fsdp=True)  # FP8 all-gather: the weight becomes torchao's FSDP2 subclass
     assert type(sharded.up.weight.data).__name__ == "WeightWithDynamicFloat8CastTensor"
     assert apply_fp8(Net(), "off", fsdp=False) == 0
+
+
+def test_llama_8b_preset_builds_on_meta_with_8b_params():
+    """The preset's model on the meta device (shapes only, no memory): Llama-3-8B has 8,030,261,248 parameters."""
+    cfg = load_config("llama-8b")
+    assert cfg.parallel.strategy == "fsdp" and cfg.parallel.fsdp_units == "blocks" and cfg.parallel.meta_init is True
+    assert cfg.memory.activation_checkpointing == "selective"
+    assert cfg.model.args["block_size"] == cfg.data.args["seq_len"] == 8192
+    with torch.device("meta"):
+        model = llama.build(**cfg.model.args)
+    assert all(p.is_meta for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    assert model.head.weight is not model.tok_emb.weight  # untied
+    assert model.blocks[0].attn.wk.weight.shape == (1024, 4096) and model.blocks[0].mlp.w1.weight.shape == (14336, 4096)

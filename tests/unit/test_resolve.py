@@ -62,3 +62,12 @@ def test_bf16_on_a_cpu_warns_that_it_is_slow(capsys):
     cfg = resolve(load_config("mlp-seed", ["precision.dtype=\"bf16\""]), Facts(device=CPU, block_params=(1, 1)))
     assert cfg.precision.dtype == "bf16"
     assert "usually slower than fp32" in capsys.readouterr().out
+
+
+def test_async_save_is_for_sharded_checkpoints():
+    """Under ddp/none rank 0 writes one state.pt: async_save is refused there, before any work."""
+    facts = Facts(device=CPU, world_size=2, block_params=(7,) * 12)
+    with pytest.raises(UserError, match='checkpoint.async_save = true with parallel.strategy = "ddp"'):
+        resolve(load_config("gpt2-124m", ["checkpoint.async_save=true", "parallel.strategy=\"ddp\""]), facts)
+    cfg = resolve(load_config("gpt2-124m", ["checkpoint.async_save=true", "parallel.strategy=\"fsdp\""]), facts)
+    assert cfg.checkpoint.async_save is True

@@ -30,6 +30,14 @@ class CountSteps(Callback):
         self.seen.append("train_end")
 
 
+class CheckpointsOnDisk(Callback):
+    """Checks that each checkpoint `on_checkpoint` is given is sealed on disk, and prints it."""
+
+    def on_checkpoint(self, state, path):
+        assert (path / "meta.json").is_file(), f"on_checkpoint got {path}, which is not on disk"
+        print(f"on_checkpoint: step {state.step} {path.name}", flush=True)
+
+
 def mean_abs_error(outputs, targets):
     """A user eval metric: fn(outputs, targets) -> number."""
     return (outputs.reshape(targets.shape) - targets).abs().mean()

@@ -4,7 +4,8 @@ Units: with big blocks each repeated block is its own FSDP unit, so its all-gath
 block's compute; with small blocks the per-unit hooks cost more host time than the block computes, so
 "auto" shards the whole model as one unit below BLOCK_PARAMS_FOR_UNITS parameters a block (measured
 figures: benchmarks/NOTES.md). `parallel.fsdp_units=N` is for models whose gathered parameters do not fit
-at once: N units hold about 1/N of the blocks gathered at a time.
+at once: N units hold about 1/N of the blocks gathered at a time. `parallel.fsdp_prefetch` makes each unit
+issue the next units' all-gathers explicitly (see `set_prefetch`).
 HSDP (`parallel.strategy = "hsdp"`): the same units on a 2-D mesh ("replicate", "shard"): parameters are
 sharded within a group of `parallel.shard_size` ranks (one node's GPUs: all-gathers stay on NVLink) and
 replicated across groups (one all-reduce of the sharded gradients between nodes).
@@ -75,10 +76,26 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dt
         # the last unit's params are needed again at once by backward: keep them gathered
         reshard = cfg.reshard_after_forward and i < len(groups) - 1
         fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    set_prefetch([g[0] for g in groups], cfg.fsdp_prefetch)
     # the root stays gathered after forward: backward needs it first (with one unit, resharding it would
     # all-gather the whole model twice a step, the second time with no compute to hide behind)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
+
+
+def set_prefetch(units: list[nn.Module], ahead: int) -> None:
+    """Explicit prefetch: each unit (a module of it; a unit of several blocks shares one state) issues the
+    all-gathers of the next `ahead` units in forward and of the previous `ahead` in backward, from the CPU as
+    soon as its own all-gather is out, instead of torch's implicit one unit ahead found at run time.
+    ahead 0, or fewer than two units: torch's implicit prefetch."""
+    if ahead < 1 or len(units) < 2:
+        return
+    for i, unit in enumerate(units):
+        if i + 1 < len(units):
+            unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + ahead])
+        if i > 0:
+            unit.set_modules_to_backward_prefetch(units[max(0, i - ahead):i][::-1])
+    say(f"fsdp: explicit prefetch {ahead} unit{'s' if ahead > 1 else ''} ahead (forward and backward)")
 
 
 class _LocalShardStep:

@@ -38,6 +38,9 @@ class ParallelConfig:
     meta_init: Literal["auto"] | bool = "auto"
     """Build the model on the meta device, shard/wrap it, then materialise and initialise it on the target
     device (it never exists whole on the host); "auto": on under fsdp/hsdp."""
+    fsdp_prefetch: int = 1
+    """FSDP2: all-gathers issued this many units ahead in forward and backward (explicit prefetch; more is more
+    overlap and memory); 0 = torch's implicit prefetch."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb < 1:
@@ -50,6 +53,9 @@ class ParallelConfig:
             raise UserError(f"parallel.shard_size = {self.shard_size!r}: a count of ranks must be >= 1")
         if self.meta_init not in ("auto", True, False):
             raise UserError(f"parallel.meta_init = {self.meta_init!r}: use \"auto\", true or false")
+        if type(self.fsdp_prefetch) is not int or self.fsdp_prefetch < 0:
+            raise UserError(f"parallel.fsdp_prefetch = {self.fsdp_prefetch!r}: a count of units must be >= 0 "
+                            "(0 = torch's implicit prefetch)")
         if self.straggler_ratio <= 1:
             raise UserError(f"parallel.straggler_ratio = {self.straggler_ratio}: must be > 1")
 
