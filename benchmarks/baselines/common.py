@@ -112,16 +112,7 @@ def gpt_workload(args: argparse.Namespace, device: torch.device, seed: int = 0) 
     torch.manual_seed(0)
     model = build(vocab_size=GPT2["vocab"], block_size=args.seq, n_layer=args.layers, n_head=GPT2["heads"],
                   n_embd=args.embd, dropout=0.0).to(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    data = torch.randint(0, GPT2["vocab"], (POOL, args.batch, args.seq + 1), device=device, generator=g)
-    step = iter(range(1 << 62))
-
-    def batches() -> tuple[torch.Tensor, torch.Tensor]:
-        d = data[next(step) % POOL]
-        return d[:, :-1], d[:, 1:]
-
-    return Workload(WithCrossEntropy(model), batches, args.batch * args.seq, "tok/s",
-                    model.flops_per_token(args.seq))
+    return _token_workload(model, GPT2["vocab"], args, device, seed)
 
 
 def llama_workload(args: argparse.Namespace, device: torch.device, seed: int = 0) -> Workload:
@@ -129,8 +120,14 @@ def llama_workload(args: argparse.Namespace, device: torch.device, seed: int = 0
 
     torch.manual_seed(0)
     model = build(vocab_size=LLAMA1B["vocab"], block_size=args.seq).to(device)
+    return _token_workload(model, LLAMA1B["vocab"], args, device, seed)
+
+
+def _token_workload(model: nn.Module, vocab: int, args: argparse.Namespace, device: torch.device,
+                    seed: int) -> Workload:
+    """A language model on POOL synthetic token batches already on the device, inputs and next-token targets."""
     g = torch.Generator(device=device).manual_seed(seed)
-    data = torch.randint(0, LLAMA1B["vocab"], (POOL, args.batch, args.seq + 1), device=device, generator=g)
+    data = torch.randint(0, vocab, (POOL, args.batch, args.seq + 1), device=device, generator=g)
     step = iter(range(1 << 62))
 
     def batches() -> tuple[torch.Tensor, torch.Tensor]:
