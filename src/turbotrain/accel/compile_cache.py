@@ -17,9 +17,11 @@ Usage: `cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))` befo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -120,7 +122,8 @@ def _load(path: Path) -> int:
         return 0
     try:
         payload = _verified(path.read_bytes())
-        info = torch.compiler.load_cache_artifacts(payload) if payload is not None else None
+        with _quiet_torch_cache_log():  # torch logs a traceback for an unreadable payload; ours is one line
+            info = torch.compiler.load_cache_artifacts(payload) if payload is not None else None
     except Exception as e:  # torch's loader on a file from another torch: a cold compile, never a crash
         say(f"warning: compile cache {path} could not be loaded ({type(e).__name__}: {e}); compiling cold")
         return 0
@@ -130,6 +133,17 @@ def _load(path: Path) -> int:
     n = sum(len(v) for v in info.artifacts.values())
     say(f"compile: warm start from {path} ({n} artifacts)")
     return n
+
+
+@contextlib.contextmanager
+def _quiet_torch_cache_log():
+    logger = logging.getLogger("torch.compiler._cache")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _verified(data: bytes) -> bytes | None:
