@@ -171,13 +171,16 @@ def save_compile_cache(cache: CompileCache | None, is_main: bool = True) -> floa
         return time.perf_counter() - t0
     payload = got[0]
     data = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    tmp = cache.artifacts.with_name(f".{cache.artifacts.name}.{os.getpid()}.tmp")
     try:
         if cache.artifacts.is_file() and cache.artifacts.read_bytes() == data:
             return time.perf_counter() - t0
-        tmp = cache.artifacts.with_name(f".{cache.artifacts.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, cache.artifacts)  # readers see the old file or the new one, never half of one
     except OSError as e:
         say(f"warning: compile cache {cache.artifacts} not written ({e.strerror})")
+    finally:  # a full disk or a Ctrl-C mid-write leaves no half-written file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return time.perf_counter() - t0
 
