@@ -16,6 +16,7 @@ import torch
 from tests.distributed.test_pipeline_parallel import TINY, two_ranks
 from tests.faults.common import checkpoint_steps, error_line, subprocess_env
 from tests.helpers import run_bounded
+from turbotrain.accel.attention import _read_verdict
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.compile_cache import MAGIC, device_key, open_compile_cache, save_compile_cache
 
@@ -94,6 +95,28 @@ def test_full_disk_during_save_is_a_warning(tmp_path, monkeypatch, capsys):
         assert [p.name for p in (disk / device_key(CPU)).iterdir() if p.is_file()] == []
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+# ---------------------------------------------------------------- the kept attention verdict (kernels.attention="auto")
+
+@pytest.mark.parametrize("text", [
+    '{"timings_ms": ["cudnn", "flash", "efficient"]}',  # the names without timings: once an AttributeError
+    '{"timings_ms": {"cudnn": NaN, "flash": 1.0, "efficient": null}}',
+    '{"timings_ms": {"cudnn": -1.0, "flash": 1.0, "efficient": null}}',
+    '{"timings_ms": {"cudnn": true, "flash": 1.0, "efficient": null}}',
+    '[1]', '', '{"timings_ms": {"cudnn": 1.0}}',
+], ids=["list", "nan", "negative", "bool", "not-a-dict", "empty", "missing-backends"])
+def test_a_damaged_attention_verdict_is_measured_again(tmp_path, capsys, text):
+    path = tmp_path / "attention-x.json"
+    path.write_text(text)
+    assert _read_verdict(path) is None
+    assert "is damaged; measuring again" in capsys.readouterr().out
+
+
+def test_a_sound_attention_verdict_is_kept(tmp_path):
+    path = tmp_path / "attention-x.json"
+    path.write_text('{"timings_ms": {"cudnn": 0.5, "flash": 1, "efficient": null}}')
+    assert _read_verdict(path) == {"cudnn": 0.5, "flash": 1, "efficient": None}
 
 
 # ---------------------------------------------------------------- pipeline checkpoints under other layouts
