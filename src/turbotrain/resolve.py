@@ -151,12 +151,12 @@ def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
                         "loss function and precision.dtype to \"bf16\" or \"fp32\"")
     if cfg.checkpoint.final:
         c.set("checkpoint", "final", False, "each pipeline stage holds only its part of the model")
-    chunks, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
-    if chunks == 0:
-        chunks = next((n for n in (2 * stages, stages) if batch % n == 0), stages)
-        c.set("parallel", "pp_microbatches", chunks)
+    asked, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
+    chunks = asked or next((n for n in (2 * stages, stages) if batch % n == 0), stages)
+    c.set("parallel", "pp_microbatches", chunks)
     if chunks < stages or batch % chunks:
-        raise UserError(f"parallel.pp_microbatches = {chunks}: needs >= {stages} (the stages) chunks that divide "
+        shown = f"{asked}" if asked else f"0 (auto: {chunks}, one a stage)"
+        raise UserError(f"parallel.pp_microbatches = {shown}: needs >= {stages} (the stages) chunks that divide "
                         f"data.batch_size = {batch} equally; set data.batch_size to a multiple of {stages}")
 
 
