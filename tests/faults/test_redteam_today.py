@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -14,11 +16,13 @@ import pytest
 import torch
 
 from tests.distributed.test_pipeline_parallel import TINY, two_ranks
-from tests.faults.common import checkpoint_steps, error_line, subprocess_env
+from tests.faults.common import checkpoint_steps, ckpt_dir, error_line, loss_rows, subprocess_env
 from tests.helpers import run_bounded
 from turbotrain.accel.attention import _read_verdict
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.compile_cache import MAGIC, device_key, open_compile_cache, save_compile_cache
+from turbotrain.distributed.parallel import hsdp_shape
+from turbotrain.errors import UserError
 
 CPU = torch.device("cpu")
 
@@ -119,32 +123,60 @@ def test_a_sound_attention_verdict_is_kept(tmp_path):
     assert _read_verdict(path) == {"cudnn": 0.5, "flash": 1, "efficient": None}
 
 
-# ---------------------------------------------------------------- pipeline checkpoints under other layouts
+# ---------------------------------------------------------------- hsdp mesh and pipeline checkpoints
 
-PP = [*TINY, "data.batch_size=8", "train.schedule=constant", "checkpoint.every=2", "train.eval_every=0",
-      "run.name=pp"]
+@pytest.mark.parametrize("world, shard, local, says", [
+    (2, 3, 2, "parallel.shard_size = 3: WORLD_SIZE=2 must be a multiple of it"),
+    (6, 4, 4, "parallel.shard_size = 4: WORLD_SIZE=6 must be a multiple of it; set parallel.shard_size to a "
+              "divisor of 6"),
+    (6, None, 4, "parallel.shard_size = 4 (the local world size): WORLD_SIZE=6"),
+])
+def test_hsdp_shard_size_that_does_not_divide_the_world(world, shard, local, says):
+    with pytest.raises(UserError, match=re.escape(says)):
+        hsdp_shape(world, shard, local)
+
+
+PP = [*TINY, "data.batch_size=8", "parallel.pp_microbatches=4", "train.schedule=constant", "checkpoint.every=2",
+      "checkpoint.keep=5", "train.eval_every=0", "run.name=pp"]
+
+
+def torchrun(out, nproc: int, *args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+           "turbotrain", "train", "gpt-shakespeare", *PP, *args, f"run.out_dir={str(out)!r}"]
+    r = run_bounded(cmd, 240, "pipeline run", env=subprocess_env())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
 
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
-    """A 2-stage pipeline run stopped at step 2 with its checkpoint."""
+    """A 2-stage pipeline run of 4 steps with checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("pp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "turbotrain",
-           "train", "gpt-shakespeare", *PP, "parallel.strategy=pipeline", "train.steps=2",
-           f"run.out_dir={str(out)!r}"]
-    r = run_bounded(cmd, 240, "pipeline run", env=subprocess_env())
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    torchrun(out, 2, "parallel.strategy=pipeline", "train.steps=4")
     return out
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_pipeline_checkpoint_under_another_strategy_is_refused_and_kept(pipeline_run, strategy):
-    """Under fsdp it once failed DCP's load, was taken for damaged, moved aside, and the run started fresh."""
-    run_dir = pipeline_run / "pp"
-    for rank, r in enumerate(two_ranks(pipeline_run, "gpt-shakespeare", *PP, f"parallel.strategy={strategy}",
-                                       "data.batch_size=4", "train.steps=4")):
+def test_a_pipeline_checkpoint_resumes_at_another_stage_count_on_the_same_curve(pipeline_run, tmp_path):
+    """Stopped at step 2 with 2 stages, resumed with 3 (the checkpoint resharded by parameter name): steps 3 and
+    4 have the losses of the straight 2-stage run."""
+    shutil.copytree(pipeline_run / "pp", tmp_path / "pp")
+    shutil.rmtree(ckpt_dir(tmp_path / "pp", 4))
+    r = torchrun(tmp_path, 3, "parallel.strategy=pipeline", "train.steps=4")
+    assert "resumed from step 2" in r.stdout + r.stderr and "3 stages of 1/1/1 blocks" in r.stdout + r.stderr
+    resumed, straight = loss_rows(tmp_path / "pp"), loss_rows(pipeline_run / "pp")
+    assert [s for s, _ in resumed] == [1, 2, 3, 4]
+    assert [v for _, v in resumed] == pytest.approx([v for _, v in straight], abs=1e-6, rel=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_pipeline_checkpoint_under_fsdp_is_refused_and_kept(pipeline_run, tmp_path):
+    """It once failed DCP's load, was taken for damaged, moved aside, and the run started fresh (under ddp the
+    line named fsdp as the fix). The same check (checkpoint.py, _check_compatible) serves every pair of layouts."""
+    shutil.copytree(pipeline_run / "pp", tmp_path / "pp")
+    for rank, r in enumerate(two_ranks(tmp_path, "gpt-shakespeare", *PP, "parallel.strategy=fsdp",
+                                       "data.batch_size=4", "train.steps=6")):
         assert r.returncode == 2, f"rank {rank}: rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         line = error_line(r.stderr)
         assert "pipeline stages" in line and 'parallel.strategy="pipeline"' in line, line
-    assert checkpoint_steps(run_dir) == [2] and not (run_dir / "checkpoints.old-1").exists()
+    assert checkpoint_steps(tmp_path / "pp") == [2, 4] and not (tmp_path / "pp" / "checkpoints.old-1").exists()
