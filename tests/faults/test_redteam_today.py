@@ -21,6 +21,7 @@ from tests.helpers import run_bounded
 from turbotrain.accel.attention import _read_verdict
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.compile_cache import MAGIC, device_key, open_compile_cache, save_compile_cache
+from turbotrain.checkpoint import CheckpointConfig, Checkpointer
 from turbotrain.distributed.parallel import hsdp_shape
 from turbotrain.errors import UserError
 
@@ -82,13 +83,28 @@ def test_interrupted_save_keeps_the_old_artifacts_and_leaves_no_partial_file(cac
     assert sorted(p.name for p in cache.folder.iterdir() if p.is_file()) == ["abc.bin"]
 
 
+def _tmpfs(disk, options: str) -> None:
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
+def test_read_only_cache_dir_is_a_warning(tmp_path, capsys):
+    """A read-only file system (root ignores permission bits, so a mode-0o555 folder would not test this)."""
+    disk = tmp_path / "ro"
+    _tmpfs(disk, "ro,size=64k")
+    try:
+        assert open_compile_cache(CompileConfig(enabled=True, cache_dir=str(disk)), CPU, "abc") is None
+        assert "cannot be made (Read-only file system)" in capsys.readouterr().out
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 def test_full_disk_during_save_is_a_warning(tmp_path, monkeypatch, capsys):
     """The cache folder on a 64 KiB tmpfs, a 1 MiB payload: ENOSPC is one warning, nothing half-written."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                                           capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    _tmpfs(disk, "size=64k")
     try:
         monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
         monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
@@ -180,3 +196,22 @@ def test_a_pipeline_checkpoint_under_fsdp_is_refused_and_kept(pipeline_run, tmp_
         line = error_line(r.stderr)
         assert "pipeline stages" in line and 'parallel.strategy="pipeline"' in line, line
     assert checkpoint_steps(tmp_path / "pp") == [2, 4] and not (tmp_path / "pp" / "checkpoints.old-1").exists()
+
+
+@pytest.mark.parametrize("theirs, mine, says", [
+    ((True, "pipeline"), (False, "ddp"), 'holds pipeline stages (parallel.strategy "pipeline"); this run is the whole'),
+    ((True, "pipeline"), (True, "hsdp"), 'resume it with parallel.strategy="pipeline"'),
+    ((True, "fsdp"), (True, "pipeline"), 'resume it with parallel.strategy="fsdp" or "hsdp"'),
+    ((False, "none"), (True, "pipeline"), 'resume it with parallel.strategy="ddp" or "none"'),
+    ((True, None), (False, "ddp"), "holds FSDP2 shards"),  # metadata without a strategy: by `sharded`
+], ids=["pipeline-under-ddp", "pipeline-under-hsdp", "fsdp-under-pipeline", "whole-under-pipeline", "no-strategy"])
+def test_each_checkpoint_layout_loads_only_into_its_own(tmp_path, theirs, mine, says):
+    shapes = {"w": [2, 2]}
+    meta = {"param_shapes": shapes, "global_batch": 8, "sharded": theirs[0]}
+    if theirs[1]:
+        meta["strategy"] = theirs[1]
+    ck = Checkpointer(CheckpointConfig(), tmp_path, 0, 2, sharded=mine[0], flat_optim=mine[1] == "pipeline")
+    expect = {"param_shapes": shapes, "global_batch": 8, "optimizer": "adamw", "dtype": "fp32", "strategy": mine[1]}
+    with pytest.raises(UserError, match=re.escape(says)):
+        ck._check_compatible(tmp_path, meta, expect)
+    ck._check_compatible(tmp_path, {**meta, "sharded": mine[0], "strategy": mine[1]}, expect)  # its own: loads
