@@ -21,6 +21,7 @@ from tests.helpers import run_bounded
 from turbotrain.accel.attention import _read_verdict
 from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.compile_cache import MAGIC, device_key, open_compile_cache, save_compile_cache
+from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.checkpoint import CheckpointConfig, Checkpointer
 from turbotrain.distributed.parallel import hsdp_shape
 from turbotrain.errors import UserError
@@ -137,6 +138,20 @@ def test_a_sound_attention_verdict_is_kept(tmp_path):
     path = tmp_path / "attention-x.json"
     path.write_text('{"timings_ms": {"cudnn": 0.5, "flash": 1, "efficient": null}}')
     assert _read_verdict(path) == {"cudnn": 0.5, "flash": 1, "efficient": None}
+
+
+# ---------------------------------------------------------------- fused loss targets
+
+@pytest.mark.parametrize("bad", [10, -5], ids=["vocab-size", "negative"])
+def test_fused_loss_target_outside_the_vocabulary_is_refused_not_read(bad):
+    """Ignored targets (-100) are fine; any other id outside [0, V) stops with the op's message (the GPU kernel
+    would otherwise read another row's logit)."""
+    h, w = torch.randn(6, 8), torch.randn(10, 8)
+    ok = torch.tensor([1, -100, 3, -100, 9, 0])
+    ref = torch.nn.functional.cross_entropy(h @ w.t(), ok)
+    assert fused_linear_cross_entropy(h, w, ok).item() == pytest.approx(ref.item(), abs=1e-5)
+    with pytest.raises(RuntimeError, match="outside"):
+        fused_linear_cross_entropy(h, w, torch.tensor([1, -100, 3, bad, 9, 0]))
 
 
 # ---------------------------------------------------------------- hsdp mesh and pipeline checkpoints
