@@ -191,6 +191,7 @@ CASES = [
     case("attention-not-a-string", [BASE, "kernels.attention=3"], ["kernels.attention = 3"]),
     case("compile-cache-not-bool", [BASE, 'compile.cache="yes"'], ['compile.cache = "yes"', "true or false"]),
     case("compile-cache-dir-not-a-string", [BASE, "compile.cache_dir=5"], ["compile.cache_dir = 5", "string"]),
+    case("compile-cache-dir-spaces", [BASE, 'compile.cache_dir="   "'], ["compile.cache_dir", "spaces"]),
     # ------------------------------------------------ pipeline, hsdp, meta init (one process)
     case("pp-microbatches-negative", [BASE, "parallel.pp_microbatches=-1"], ["parallel.pp_microbatches = -1"]),
     case("pp-microbatches-string", [BASE, 'parallel.pp_microbatches="four"'], ["parallel.pp_microbatches", "integer"]),
