@@ -125,6 +125,10 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
 
         c.set("parallel", "shard_size", hsdp_shape(facts.world_size, c.cfg.parallel.shard_size,
                                                    facts.local_world_size)[1])
+    else:  # set for another strategy, most likely meant for hsdp: said, not silently ignored
+        c.set("parallel", "shard_size", None, f"shard groups are hsdp's; parallel.strategy is \"{strategy}\"")
+    if strategy != "pipeline":
+        c.set("parallel", "pp_microbatches", 0, f"pipeline chunks; parallel.strategy is \"{strategy}\"")
     asked = c.cfg.parallel.meta_init
     c.set("parallel", "meta_init", facts.on_meta, "a model passed to train() is built already" if asked is True else "")
     if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":

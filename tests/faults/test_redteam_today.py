@@ -23,8 +23,10 @@ from turbotrain.accel.compile import CompileConfig
 from turbotrain.accel.compile_cache import MAGIC, device_key, open_compile_cache, save_compile_cache
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.checkpoint import CheckpointConfig, Checkpointer
+from turbotrain.config import load_config
 from turbotrain.distributed.parallel import hsdp_shape
 from turbotrain.errors import UserError
+from turbotrain.resolve import Facts, resolve
 
 CPU = torch.device("cpu")
 
@@ -230,3 +232,16 @@ def test_each_checkpoint_layout_loads_only_into_its_own(tmp_path, theirs, mine, 
     with pytest.raises(UserError, match=re.escape(says)):
         ck._check_compatible(tmp_path, meta, expect)
     ck._check_compatible(tmp_path, {**meta, "sharded": mine[0], "strategy": mine[1]}, expect)  # its own: loads
+
+
+@pytest.mark.parametrize("strategy", ["none", "ddp", "fsdp"])
+def test_hsdp_and_pipeline_keys_under_another_strategy_are_said_not_ignored(capsys, strategy):
+    """parallel.shard_size / pp_microbatches set under another strategy (meant for hsdp / pipeline): one line
+    each says they do not apply, and config.toml holds what ran."""
+    cfg = load_config("gpt-shakespeare", [f'parallel.strategy="{strategy}"', "parallel.shard_size=2",
+                                          "parallel.pp_microbatches=4"])
+    out = resolve(cfg, Facts(device=CPU, world_size=1 if strategy == "none" else 2))
+    assert out.parallel.shard_size is None and out.parallel.pp_microbatches == 0
+    said = capsys.readouterr().out
+    assert "parallel.shard_size: 2 → None (shard groups are hsdp's" in said
+    assert "parallel.pp_microbatches: 4 → 0 (pipeline chunks" in said
