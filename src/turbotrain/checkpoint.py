@@ -841,11 +841,12 @@ class Checkpointer:
             raise UserError(f"checkpoint {path} was written with precision {meta['dtype']}, this run uses "
                             f"{expect['dtype']}: fp16's loss-scaler state does not carry over to or from another "
                             f"precision; keep the precision, or checkpoint.resume=\"never\"")
-        if meta.get("sharded") and not self.sharded:
-            raise UserError(f"checkpoint {path} is an FSDP (sharded) checkpoint: "
-                            "resume it with parallel.strategy=\"fsdp\" or \"hsdp\" (at any world size)")
-        if not meta.get("sharded") and self.sharded:
-            raise UserError(f"checkpoint {path} is not sharded: resume it with parallel.strategy=\"ddp\" or \"none\"")
+        # three layouts: whole (none/ddp), FSDP2 shards (fsdp/hsdp), pipeline stages (DCP with the optimizer
+        # state keyed by parameter name); each loads only into its own, at any world size
+        theirs, mine = _layout(meta.get("sharded"), meta.get("strategy")), _layout(self.sharded, expect.get("strategy"))
+        if theirs != mine:
+            raise UserError(f"checkpoint {path} holds {LAYOUTS[theirs][0]}; this run is {LAYOUTS[mine][0]}: resume it "
+                            f"with {LAYOUTS[theirs][1]} (at any world size), or checkpoint.resume=\"never\"")
 
     def _agree(self, code: int) -> int:
         """The largest `code` over all ranks (a collective; the identity in one process)."""
@@ -871,6 +872,20 @@ def _failed_future(future, e: BaseException):
         if isinstance(inner, (KeyboardInterrupt, SystemExit)):
             raise
     return e
+
+
+LAYOUTS = {  # a checkpoint layout: (what it holds, the strategies that load it)
+    "whole": ("the whole model (parallel.strategy \"none\"/\"ddp\")", 'parallel.strategy="ddp" or "none"'),
+    "fsdp": ("FSDP2 shards (parallel.strategy \"fsdp\"/\"hsdp\")", 'parallel.strategy="fsdp" or "hsdp"'),
+    "pipeline": ("pipeline stages (parallel.strategy \"pipeline\")", 'parallel.strategy="pipeline"'),
+}
+
+
+def _layout(sharded, strategy) -> str:
+    """A checkpoint's (or a run's) layout; a strategy missing from older metadata counts by `sharded` alone."""
+    if strategy == "pipeline":
+        return "pipeline"
+    return "fsdp" if sharded else "whole"
 
 
 def _dcp_inner(e: BaseException) -> BaseException:

@@ -192,7 +192,8 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
     if path is None:
         return 0
     t = cfg.train
-    expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype}
+    expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype,
+              "strategy": cfg.parallel.strategy}
     step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
     if ckpt.loaded is None:  # every checkpoint was damaged (kept in checkpoints.old-N): a fresh start
         return 0

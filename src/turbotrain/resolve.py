@@ -125,6 +125,10 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
 
         c.set("parallel", "shard_size", hsdp_shape(facts.world_size, c.cfg.parallel.shard_size,
                                                    facts.local_world_size)[1])
+    else:  # set for another strategy, most likely meant for hsdp: said, not silently ignored
+        c.set("parallel", "shard_size", None, f"shard groups are hsdp's; parallel.strategy is \"{strategy}\"")
+    if strategy != "pipeline":
+        c.set("parallel", "pp_microbatches", 0, f"pipeline chunks; parallel.strategy is \"{strategy}\"")
     asked = c.cfg.parallel.meta_init
     c.set("parallel", "meta_init", facts.on_meta, "a model passed to train() is built already" if asked is True else "")
     if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":
@@ -156,12 +160,12 @@ def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
                         "loss function and precision.dtype to \"bf16\" or \"fp32\"")
     if cfg.checkpoint.final:
         c.set("checkpoint", "final", False, "each pipeline stage holds only its part of the model")
-    chunks, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
-    if chunks == 0:
-        chunks = next((n for n in (2 * stages, stages) if batch % n == 0), stages)
-        c.set("parallel", "pp_microbatches", chunks)
+    asked, batch = cfg.parallel.pp_microbatches, cfg.data.batch_size
+    chunks = asked or next((n for n in (2 * stages, stages) if batch % n == 0), stages)
+    c.set("parallel", "pp_microbatches", chunks)
     if chunks < stages or batch % chunks:
-        raise UserError(f"parallel.pp_microbatches = {chunks}: needs >= {stages} (the stages) chunks that divide "
+        shown = f"{asked}" if asked else f"0 (auto: {chunks}, one a stage)"
+        raise UserError(f"parallel.pp_microbatches = {shown}: needs >= {stages} (the stages) chunks that divide "
                         f"data.batch_size = {batch} equally; set data.batch_size to a multiple of {stages}")
 
 

@@ -37,6 +37,10 @@ from turbotrain.cli import main
 
 BASE = str(BASE_TOML)
 GPT = ["gpt2-124m", *TINY_GPT, 'run.device="cpu"', "train.log_every=1", "run.name=gpt"]
+LLAMA = ["llama-1b", "model.args.n_layer=2", "model.args.n_embd=32", "model.args.n_head=4", "model.args.n_kv_head=2",
+         "model.args.ffn_hidden=64", "model.args.vocab_size=64", "model.args.block_size=32", "data.args.seq_len=32",
+         "data.args.vocab_size=64", "data.args.size=64", "data.batch_size=4", "precision.dtype=fp32",
+         "compile.enabled=false", "kernels.fused_loss=false", 'run.device="cpu"', "train.steps=2"]
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +171,63 @@ CASES = [
     case("checkpoint-resume-path-is-a-file", [BASE, "checkpoint.resume={tmp}/afile"],
          ["checkpoint.resume", "no such checkpoint folder"], _file_in_the_way),
     case("checkpoint-resume-empty-folder", [BASE, "checkpoint.resume={tmp}"], ["checkpoint.resume", "corrupt"]),
+    # ------------------------------------------------ fp8, fused loss, attention "auto", compile caches
+    case("fp8-unknown-recipe", [BASE, 'precision.fp8="blockwise"'], ['precision.fp8 = "blockwise"', '"rowwise"']),
+    case("fp8-not-a-string", [BASE, "precision.fp8=1"], ["precision.fp8 = 1", '"tensorwise"']),
+    case("fp8-bool", [BASE, "precision.fp8=true"], ["precision.fp8 = true"]),
+    case("fp8-without-gpu", [BASE, 'precision.fp8="rowwise"'], ["precision.fp8", "sm89", "'off'"], marks=NO_CUDA),
+    case("fp8-with-fp16", [BASE, 'precision.fp8="tensorwise"', "precision.dtype=fp16"], ["precision.fp8"],
+         marks=NO_CUDA),
+    case("fused-loss-not-bool", [BASE, 'kernels.fused_loss="yes"'], ['kernels.fused_loss = "yes"', "true or false"]),
+    case("fused-loss-user-model", [BASE, "kernels.fused_loss=true", 'train.loss="cross_entropy"'],
+         ["kernels.fused_loss", "hidden", "kernels.fused_loss=false"]),
+    case("fused-loss-mse", [*GPT, "kernels.fused_loss=true", 'train.loss="mse"'],
+         ["kernels.fused_loss", 'train.loss = "mse"']),
+    case("fused-loss-model-loss", [*LLAMA, "kernels.fused_loss=true", 'train.loss="model"'],
+         ["kernels.fused_loss", 'train.loss = "model"']),
+    case("fused-loss-hf-model", [BASE, 'model.name="hf:gpt2"', "kernels.fused_loss=true", 'train.loss="cross_entropy"'],
+         ["kernels.fused_loss", "hidden"]),
+    case("attention-unknown", [BASE, 'kernels.attention="fastest"'], ['kernels.attention = "fastest"', '"auto"']),
+    case("attention-not-a-string", [BASE, "kernels.attention=3"], ["kernels.attention = 3"]),
+    case("compile-cache-not-bool", [BASE, 'compile.cache="yes"'], ['compile.cache = "yes"', "true or false"]),
+    case("compile-cache-dir-not-a-string", [BASE, "compile.cache_dir=5"], ["compile.cache_dir = 5", "string"]),
+    case("compile-cache-dir-spaces", [BASE, 'compile.cache_dir="   "'], ["compile.cache_dir", "spaces"]),
+    # ------------------------------------------------ pipeline, hsdp, meta init (one process)
+    case("pp-microbatches-negative", [BASE, "parallel.pp_microbatches=-1"], ["parallel.pp_microbatches = -1"]),
+    case("pp-microbatches-string", [BASE, 'parallel.pp_microbatches="four"'], ["parallel.pp_microbatches", "integer"]),
+    case("pp-microbatches-float", [BASE, "parallel.pp_microbatches=2.5"], ["parallel.pp_microbatches", "integer"]),
+    case("pp-microbatches-huge", [BASE, "parallel.pp_microbatches=99999999999999999999999"],
+         ["parallel.pp_microbatches", "out of range"]),
+    case("pp-schedule-unknown", [BASE, 'parallel.pp_schedule="interleaved"'], ["parallel.pp_schedule", '"1f1b"']),
+    case("pipeline-without-torchrun", [*GPT, "parallel.strategy=pipeline"], ["pipeline", "torchrun"]),
+    case("hsdp-without-torchrun", [BASE, "parallel.strategy=hsdp", "parallel.shard_size=3"], ["hsdp", "torchrun"]),
+    case("shard-size-zero", [BASE, "parallel.shard_size=0"], ["parallel.shard_size = 0", ">= 1"]),
+    case("shard-size-negative", [BASE, "parallel.shard_size=-2"], ["parallel.shard_size = -2"]),
+    case("shard-size-string", [BASE, 'parallel.shard_size="two"'], ["parallel.shard_size", "two"]),
+    case("shard-size-bool", [BASE, "parallel.shard_size=true"], ["parallel.shard_size"]),
+    case("meta-init-string", [BASE, 'parallel.meta_init="yes"'], ["parallel.meta_init", '"auto"']),
+    case("meta-init-int", [BASE, "parallel.meta_init=1"], ["parallel.meta_init = 1"]),
+    case("meta-init-hf-model", [BASE, 'model.name="hf:gpt2"', "parallel.meta_init=true"],
+         ["parallel.meta_init = true", "hf:gpt2", "parallel.meta_init = false"]),
+    # ------------------------------------------------ llama arguments
+    case("llama-kv-heads-not-dividing", [*LLAMA, "model.args.n_kv_head=3"], ["model.args.n_kv_head = 3", "n_head = 4"]),
+    case("llama-embd-not-dividing", [*LLAMA, "model.args.n_embd=30"], ["model.args.n_embd = 30", "n_head = 4"]),
+    case("llama-odd-head-dim", [*LLAMA, "model.args.n_embd=36", "model.args.n_kv_head=1"],
+         ["model.args.n_embd = 36", "even"]),
+    case("llama-kv-heads-zero", [*LLAMA, "model.args.n_kv_head=0"], ["model.args.n_kv_head = 0"]),
+    case("llama-kv-heads-string", [*LLAMA, 'model.args.n_kv_head="two"'], ["model.args.n_kv_head", "two"]),
+    case("llama-ffn-negative", [*LLAMA, "model.args.ffn_hidden=-1"], ["model.args.ffn_hidden = -1"]),
+    case("llama-rope-theta-zero", [*LLAMA, "model.args.rope_theta=0"], ["model.args.rope_theta = 0"]),
+    case("llama-rope-theta-nan", [*LLAMA, "model.args.rope_theta=nan"], ["model.args.rope_theta = nan"]),
+    case("llama-norm-eps-negative", [*LLAMA, "model.args.norm_eps=-1"], ["model.args.norm_eps = -1"]),
+    case("llama-tie-weights-string", [*LLAMA, 'model.args.tie_weights="no"'], ["model.args.tie_weights"]),
+    case("llama-multiple-of-zero", [*LLAMA, "model.args.ffn_hidden=0", "model.args.multiple_of=0"],
+         ["model.args.multiple_of = 0"]),
+    case("llama-block-size-below-seq-len", [*LLAMA, "model.args.block_size=16"],
+         ["model.args.block_size = 16", "32 tokens"]),
+    case("llama-vocab-below-data", [*LLAMA, "model.args.vocab_size=10"], ["model.args.vocab_size = 10"]),
+    case("llama-unknown-arg", [*LLAMA, "model.args.n_kv_heads=2"], ["model.args", "n_kv_heads", "n_kv_head"]),
+    case("gpt-block-size-below-seq-len", [*GPT, "model.args.block_size=16"], ["model.args.block_size = 16"]),
 ]
 
 

@@ -1,5 +1,7 @@
 """The pipeline split on one process (no process group needed for 2 stages): the stages keep the model's own
 parameter names and chained they compute the model's forward; the resolver's pipeline rules."""
+import re
+
 import pytest
 import torch
 
@@ -60,6 +62,9 @@ def test_pipeline_resolves_chunks_compile_scope_and_final_export(capsys):
      "parallel.pp_microbatches = 3: needs >= 2"),
     (("precision.dtype=\"fp16\"",), dict(world_size=2, block_params=(7,) * 3, pipeline_layout=True),
      "no fp16 loss scaling"),
+    # the user left it at 0: the line says so, not a value they never wrote
+    ((), dict(world_size=3, block_params=(7,) * 3, pipeline_layout=True),
+     re.escape("parallel.pp_microbatches = 0 (auto: 3, one a stage): needs >= 3")),
 ])
 def test_what_the_pipeline_cannot_run_is_refused(overrides, facts, says):
     with pytest.raises(UserError, match=says):

@@ -179,12 +179,17 @@ def _read_verdict(path: Path | None) -> dict[str, float | None] | None:
         return None
     try:
         timings = json.loads(path.read_text())["timings_ms"]
-        if set(timings) == set(CANDIDATES) and all(v is None or isinstance(v, (int, float)) for v in timings.values()):
+        if isinstance(timings, dict) and set(timings) == set(CANDIDATES) and all(map(_a_time, timings.values())):
             return timings
     except (OSError, ValueError, KeyError, TypeError):
         pass
     say(f"warning: attention verdict {path} is damaged; measuring again")
     return None
+
+
+def _a_time(v) -> bool:
+    """A kept timing: None (the backend cannot run) or milliseconds, finite and >= 0 (json reads NaN too)."""
+    return v is None or (type(v) in (int, float) and 0 <= v < float("inf"))
 
 
 def _write_verdict(path: Path, timings: dict, calls: list[SdpaCall]) -> None:
@@ -196,6 +201,9 @@ def _write_verdict(path: Path, timings: dict, calls: list[SdpaCall]) -> None:
         os.replace(tmp, path)  # atomic: a reader sees no half-written verdict
     except OSError as e:
         say(f"warning: attention verdict not kept in {path.parent} ({e.strerror})")
+    finally:  # a Ctrl-C or a full disk mid-write leaves no half-written file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def cuda_timer(device: torch.device, warmup: int = 3, reps: int = 10) -> Timer:

@@ -40,6 +40,11 @@ class CompileConfig:
     """Compile cache folder, copyable to other nodes ("": $TURBOTRAIN_CACHE/compile or ~/.cache/turbotrain/compile)."""
 
     def __post_init__(self) -> None:
+        if self.cache_dir != self.cache_dir.strip():  # "  " would be a folder of spaces in the working directory
+            from turbotrain.errors import UserError
+
+            raise UserError(f"compile.cache_dir = {self.cache_dir!r}: leading or trailing spaces; remove them "
+                            "(\"\" = the default folder)")
         if self.backend == "inductor":
             return
         import difflib

@@ -17,9 +17,11 @@ Usage: `cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))` befo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import time
@@ -120,7 +122,8 @@ def _load(path: Path) -> int:
         return 0
     try:
         payload = _verified(path.read_bytes())
-        info = torch.compiler.load_cache_artifacts(payload) if payload is not None else None
+        with _quiet_torch_cache_log():  # torch logs a traceback for an unreadable payload; ours is one line
+            info = torch.compiler.load_cache_artifacts(payload) if payload is not None else None
     except Exception as e:  # torch's loader on a file from another torch: a cold compile, never a crash
         say(f"warning: compile cache {path} could not be loaded ({type(e).__name__}: {e}); compiling cold")
         return 0
@@ -130,6 +133,17 @@ def _load(path: Path) -> int:
     n = sum(len(v) for v in info.artifacts.values())
     say(f"compile: warm start from {path} ({n} artifacts)")
     return n
+
+
+@contextlib.contextmanager
+def _quiet_torch_cache_log():
+    logger = logging.getLogger("torch.compiler._cache")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _verified(data: bytes) -> bytes | None:
@@ -157,13 +171,16 @@ def save_compile_cache(cache: CompileCache | None, is_main: bool = True) -> floa
         return time.perf_counter() - t0
     payload = got[0]
     data = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    tmp = cache.artifacts.with_name(f".{cache.artifacts.name}.{os.getpid()}.tmp")
     try:
         if cache.artifacts.is_file() and cache.artifacts.read_bytes() == data:
             return time.perf_counter() - t0
-        tmp = cache.artifacts.with_name(f".{cache.artifacts.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, cache.artifacts)  # readers see the old file or the new one, never half of one
     except OSError as e:
         say(f"warning: compile cache {cache.artifacts} not written ({e.strerror})")
+    finally:  # a full disk or a Ctrl-C mid-write leaves no half-written file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return time.perf_counter() - t0
 

@@ -83,6 +83,10 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
                        chunk_tokens: int, dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n_tok = h.shape[0]
+    # The Triton kernel reads the target's logit unchecked: a target outside [0, V) would read another row's
+    # memory and give a wrong loss silently. Checked on the device (no host sync), as F.cross_entropy does.
+    torch._assert_async(((target >= 0) & (target < weight.shape[0]) | (target == ignore_index)).all(),
+                        "kernels.fused_loss: a target is outside [0, vocab_size) and not the ignore_index")
     hc_all, w = h.to(dtype), weight.to(dtype)
     inv_n = 1.0 / (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
     row_loss = torch.empty(n_tok, dtype=torch.float32, device=h.device)

@@ -163,8 +163,8 @@ def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
     if not dist.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
-            raise UserError(f"parallel.strategy ddp/fsdp runs under torchrun ({', '.join(missing)} not set): "
-                            "torchrun --nproc_per_node=N -m turbotrain train ...")
+            raise UserError(f"parallel.strategy ddp, fsdp, hsdp and pipeline run under torchrun "
+                            f"({', '.join(missing)} not set): torchrun --nproc_per_node=N -m turbotrain train ...")
         if env.is_main and (warning := restart_store_warning()):
             from turbotrain.log import say_once
 
