@@ -27,7 +27,7 @@ from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_stra
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, resolve_loss
-from turbotrain.models import BUILTIN, adapt, args_from_data, build_model
+from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
 from turbotrain.models.structure import WithLoss, find_blocks
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
@@ -89,7 +89,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     train_ds = map_dict_items(train_data, "train_data") if train_data is not None else build_dataset(cfg.data, "train")
     val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
         build_dataset(cfg.data, "val") if train_data is None else None)
-    model, data_args = _build_model(cfg, model, train_ds, strategy)
+    model, data_args = _build_model(cfg, model, train_ds, strategy, env.world_size)
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
@@ -157,7 +157,8 @@ def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
     return replace(cfg, kernels=replace(cfg.kernels, attention=choice))
 
 
-def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strategy: str) -> tuple[nn.Module, dict]:
+def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strategy: str,
+                 world: int) -> tuple[nn.Module, dict]:
     """(model, data-derived args): the user's model adapted, or the config's built on the CPU, its parameters
     on the meta device under parallel.meta_init, initialised from the run seed where it has the seeded hook.
     Building leaves the global RNG as it was, so a meta build and a full-size one train alike."""
@@ -165,11 +166,27 @@ def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strate
         return adapt(model), {}
     data_args = args_from_data(cfg.model, data_meta(train_ds))
     meta = meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)
+    model_cfg = replace(cfg.model, args={**data_args, **cfg.model.args})
+    _check_host_memory(model_cfg, world if meta else 1)
     with torch.random.fork_rng(devices=[]), meta_init.params_on_meta(meta):
-        model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))
+        model = build_model(model_cfg)
     if not meta:
         meta_init.initialise(model, cfg.run.seed, fresh=False)
     return model, data_args
+
+
+def _check_host_memory(model_cfg, shards: int) -> None:
+    """Refuse a built-in model whose fp32 parameters (a rank's share of them when it is built on the meta device
+    and sharded) outgrow this host's available memory, before anything is allocated: a typo such as
+    n_layer=100000 would otherwise swap the machine to a halt instead of failing."""
+    n = estimate_params(model_cfg)
+    avail = meta_init.available_host_bytes()
+    if n is None or avail is None or 4 * n / shards <= avail:
+        return
+    raise UserError(f"model.args: {model_cfg.name} with these arguments has ~{n:,} parameters, "
+                    f"{4 * n / shards / 2**30:,.0f} GiB in fp32 per process, more than this machine's available "
+                    f"{avail / 2**30:,.0f} GiB; make the model smaller (model.args) or shard it over more ranks "
+                    f"(parallel.strategy=\"fsdp\")")
 
 
 def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Config, device: torch.device,

@@ -105,6 +105,10 @@ CASES = [
     case("resnet-depth", ["resnet50-synthetic", "model.args.depth=18", "data.args.size=8", "data.batch_size=4",
                           "data.args.shape=[3,32,32]"], ["model.args.depth = 18", "50"]),
     case("ddp-without-torchrun", ["mlp-seed", "parallel.strategy=ddp", 'run.device="cpu"'], ["torchrun", "RANK"]),
+    # a model larger than the host is refused from its arguments, before anything is allocated
+    case("gpt-layers-huge", [*GPT, "model.args.n_layer=100000000"], ["model.args", "parameters", "GiB"]),
+    case("gpt-width-huge", [*GPT, "model.args.n_embd=1000000", "model.args.n_head=1"], ["model.args", "GiB"]),
+    case("llama-layers-huge", ["llama-shakespeare", "model.args.n_layer=100000000"], ["model.args", "parameters"]),
     # ------------------------------------------------ user code: model
     case("model-module-not-found", [BASE, 'model.name="userpkg.nosuchmodule:build"'],
          ["model.name", "userpkg.nosuchmodule", "PYTHONPATH"]),

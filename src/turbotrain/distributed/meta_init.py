@@ -149,3 +149,14 @@ def _status_kb(key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def available_host_bytes() -> int | None:
+    """The kernel's estimate of memory available without swapping (/proc/meminfo MemAvailable; None elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -53,6 +53,22 @@ def args_from_data(cfg: ModelConfig, meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k in params and k not in cfg.args}
 
 
+def estimate_params(cfg: ModelConfig) -> int | None:
+    """A built-in model's parameter count from its arguments, before anything is allocated (None for other
+    models, and for arguments the builder will refuse with its own message)."""
+    if cfg.name not in BUILTIN:
+        return None
+    module = importlib.import_module(f"turbotrain.models.{cfg.name}")
+    if not hasattr(module, "estimate_params"):
+        return None
+    try:
+        bound = inspect.signature(module.build).bind(**cfg.args)
+        bound.apply_defaults()
+        return int(module.estimate_params(**bound.arguments))
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+
+
 def build_model(cfg: ModelConfig) -> nn.Module:
     """Build on the CPU from `model.name` and `model.args`. Usage: `build_model(cfg.model)`."""
     if hf.is_hf_name(cfg.name):

@@ -87,6 +87,11 @@ class GPT(nn.Module):
         return 6 * n + 12 * self.n_layer * self.n_embd * seq_len
 
 
+def estimate_params(vocab_size: int, block_size: int, n_layer: int, n_embd: int, tie_weights: bool, **_) -> int:
+    """`build(...)`'s parameter count, biases and norms left out: checked against host memory before building."""
+    return vocab_size * n_embd * (1 if tie_weights else 2) + block_size * n_embd + n_layer * 12 * n_embd ** 2
+
+
 def build(vocab_size: int = 50304, block_size: int = 1024, n_layer: int = 12, n_head: int = 12,
           n_embd: int = 768, dropout: float = 0.0, bias: bool = True, tie_weights: bool = True) -> GPT:
     for key, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer),

@@ -141,6 +141,15 @@ class Llama(nn.Module):
         return 6 * n + 12 * self.n_layer * self.n_embd * seq_len
 
 
+def estimate_params(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_kv_head: int, n_embd: int,
+                    ffn_hidden: int, multiple_of: int, ffn_dim_multiplier: float, tie_weights: bool, **_) -> int:
+    """`build(...)`'s parameter count (norms left out) plus its RoPE tables, in fp32 numbers: checked against
+    host memory before building."""
+    head, ffn = n_embd // n_head, ffn_hidden or llama3_ffn_hidden(n_embd, multiple_of, ffn_dim_multiplier)
+    layer = n_embd * (2 * n_embd + 2 * n_kv_head * head) + 3 * n_embd * ffn
+    return vocab_size * n_embd * (1 if tie_weights else 2) + n_layer * layer + block_size * head
+
+
 def build(vocab_size: int = 128256, block_size: int = 2048, n_layer: int = 16, n_head: int = 32, n_kv_head: int = 8,
           n_embd: int = 2048, ffn_hidden: int = 0, multiple_of: int = 256, ffn_dim_multiplier: float = 1.5,
           rope_theta: float = 500000.0, norm_eps: float = 1e-5, tie_weights: bool = True) -> Llama:
