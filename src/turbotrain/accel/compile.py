@@ -37,7 +37,8 @@ class CompileConfig:
     cache: bool = True
     """Keep inductor's, Triton's and torch's portable compile caches in `cache_dir`: later runs start warm."""
     cache_dir: str = ""
-    """Compile cache folder, copyable to other nodes ("": $TURBOTRAIN_CACHE/compile or ~/.cache/turbotrain/compile)."""
+    """Compile cache folder, copyable to other nodes ("": $TURBOTRAIN_CACHE/compile or ~/.cache/turbotrain/compile);
+    trust it like code: torch unpickles what it loads from there."""
 
     def __post_init__(self) -> None:
         if self.cache_dir != self.cache_dir.strip():  # "  " would be a folder of spaces in the working directory
