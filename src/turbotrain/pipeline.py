@@ -21,7 +21,7 @@ from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.distributed import meta_init
-from turbotrain.distributed.parallel import SHARDED, ParallelConfig
+from turbotrain.distributed.parallel import SHARDED, ParallelConfig, fsdp_sharded
 from turbotrain.errors import UserError
 from turbotrain.losses import LossFn, cross_entropy
 from turbotrain.models.structure import WithLoss
@@ -51,7 +51,8 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
        only that stage reaches the device; 6 and 7 then wrap the stage's own blocks, and the schedule over the
-       stage takes the place of DDP/FSDP2 in 8.
+       stage takes the place of DDP/FSDP2 in 8 (with parallel.pp_stages < world, FSDP2 shards the stage over
+       its data-parallel group first, so the schedule runs the sharded stage).
     3. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
        is materialised here unless FSDP2 shards it first (then right after 8: only its shard ever exists).
     4. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
@@ -72,14 +73,15 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     fused = fused_linear_cross_entropy if fused_loss else None
     precision.apply_tf32(dtype)
     if par.strategy == "pipeline":
-        from turbotrain.distributed.pipeline_parallel import PipelineRunner, split_model
+        from turbotrain.distributed.pipeline_parallel import pp_mesh, split_model
 
-        model, ties = split_model(model, torch.distributed.get_rank(), world)
+        mesh = pp_mesh(device, world, par.pp_stages)
+        model, ties = split_model(model, torch.distributed.get_rank(), world, par.pp_stages)
     sharded_meta = par.meta_init and par.strategy in SHARDED
     if par.meta_init and not sharded_meta:
         meta_init.materialize(model, device, seed)
     model = model if sharded_meta else model.to(device)
-    apply_fp8(model, fp8, fsdp=par.strategy in SHARDED)
+    apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world))
     if mem.channels_last:
         model = apply_channels_last(model)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
@@ -89,7 +91,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
 
         model = step_module = apply_ddp(WithLoss(model, loss_fn, fused), device, par)
     elif par.strategy == "pipeline":
-        step_module = PipelineRunner(model, ties, loss_fn, device, par)
+        model, step_module = _pipeline_schedule(model, ties, loss_fn, device, world, dtype, par, mesh)
     else:
         if par.strategy in SHARDED:
             from turbotrain.distributed.fsdp import apply_fsdp
@@ -103,6 +105,18 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     return model, step_module, compiled
 
 
+def _pipeline_schedule(stage: nn.Module, ties: list, loss_fn: LossFn | None, device: torch.device, world: int,
+                       dtype: str, par: ParallelConfig, mesh) -> tuple[nn.Module, nn.Module]:
+    """(stage, its schedule runner): the stage FSDP2-sharded over the mesh's "dp" group first when there is one."""
+    from turbotrain.distributed.pipeline_parallel import PipelineRunner
+
+    if mesh is not None:
+        from turbotrain.distributed.fsdp import apply_fsdp
+
+        stage = apply_fsdp(stage, device, world, precision.autocast_dtype(dtype), par, mesh=mesh["dp"])
+    return stage, PipelineRunner(stage, ties, loss_fn, device, par, mesh)
+
+
 def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int) -> Trainee:
     """Techniques, then the optimizer over the parameters as trained (sharded ones under FSDP2), the LR
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
@@ -112,7 +126,7 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
                                                     fused_loss=cfg.kernels.fused_loss)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
-    if cfg.parallel.strategy in SHARDED:
+    if fsdp_sharded(cfg.parallel, world):
         from turbotrain.distributed.fsdp import shard_local_step
 
         opt = shard_local_step(opt)

@@ -93,7 +93,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
-    dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size)
+    dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
     sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
@@ -127,7 +127,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = {**_info(cfg, trainee, n_params, cost, start_step, model),
             "compile_cache": compile_cache.info() if compile_cache else None, "setup_host_growth_mb": setup_growth}
-    stages = f" ({env.world_size} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
+    stages = f" ({cfg.parallel.pp_stages} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")

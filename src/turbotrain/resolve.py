@@ -129,6 +129,7 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
         c.set("parallel", "shard_size", None, f"shard groups are hsdp's; parallel.strategy is \"{strategy}\"")
     if strategy != "pipeline":
         c.set("parallel", "pp_microbatches", 0, f"pipeline chunks; parallel.strategy is \"{strategy}\"")
+        c.set("parallel", "pp_stages", 0, f"pipeline stages; parallel.strategy is \"{strategy}\"")
     asked = c.cfg.parallel.meta_init
     c.set("parallel", "meta_init", facts.on_meta, "a model passed to train() is built already" if asked is True else "")
     if strategy in SHARDED and c.cfg.parallel.fsdp_units == "auto":
@@ -144,17 +145,26 @@ def _resolve_parallel(c: _Changes, facts: Facts) -> None:
 
 
 def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
-    """One stage of blocks per rank; what the stages cannot do is refused here, before any work."""
-    stages, blocks, cfg = facts.world_size, len(facts.block_params), c.cfg
+    """Stages of blocks on a (stages, dp) grid of ranks; what the stages cannot do is refused here, before any
+    work."""
+    stages, blocks, cfg = c.cfg.parallel.pp_stages or facts.world_size, len(facts.block_params), c.cfg
     why = "parallel.strategy = \"pipeline\""
-    if stages < 2:
+    if facts.world_size < 2:
         raise UserError(f"{why} needs 2 or more ranks (one stage each): run it under torchrun --nproc_per_node=N")
+    if cfg.parallel.pp_stages and (stages < 2 or stages > facts.world_size or facts.world_size % stages):
+        raise UserError(f"parallel.pp_stages = {stages}: must be >= 2 and divide WORLD_SIZE={facts.world_size} "
+                        "(the ranks are stages x data-parallel groups); 0 = one stage a rank")
+    c.set("parallel", "pp_stages", stages)
     if not facts.pipeline_layout or not blocks:
         raise UserError(f"{why} splits the built-in transformer (model.name = \"gpt\") by its blocks; this model "
                         "is not one: use parallel.strategy = \"ddp\" or \"fsdp\"")
     if stages > blocks:
-        raise UserError(f"{why} with {stages} ranks: the model has {blocks} blocks, fewer than one a stage; "
-                        f"use at most {blocks} ranks or more model.args.n_layer")
+        raise UserError(f"{why} with {stages} stages: the model has {blocks} blocks, fewer than one a stage; "
+                        f"use at most {blocks} stages (parallel.pp_stages) or more model.args.n_layer")
+    if facts.world_size > stages and cfg.parallel.fsdp_units == "auto":  # FSDP2 shards each stage over its dp group
+        from turbotrain.distributed.fsdp import BLOCK_PARAMS_FOR_UNITS
+
+        c.set("parallel", "fsdp_units", "blocks" if max(facts.block_params) >= BLOCK_PARAMS_FOR_UNITS else "model")
     if cfg.train.loss == "model" or cfg.precision.dtype == "fp16":
         raise UserError(f"{why} needs the loss on the last stage and no fp16 loss scaling: set train.loss to a "
                         "loss function and precision.dtype to \"bf16\" or \"fp32\"")

@@ -143,7 +143,8 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     if ds is None or n_global == 0 or len(ds) < micro:
         return {}
     pp = tr.step_module if isinstance(tr.step_module, PipelineRunner) else None
-    dp_rank, dp_world = (0, 1) if pp else (env.rank, env.world_size)  # pipeline: all stages see every batch
+    # pipeline: the stages of a data-parallel group see its batches
+    dp_rank, dp_world = (pp.dp_rank, pp.dp_world) if pp else (env.rank, env.world_size)
     batches = eval_batches(ds, micro, n_global * accum * dp_world, dp_rank, dp_world)
     if not batches:  # fewer val micro-batches than ranks: no comparable val figure (same on every rank)
         return {}

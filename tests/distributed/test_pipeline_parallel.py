@@ -100,3 +100,28 @@ def test_resume_at_the_same_layout_continues_the_curve(tmp_path):
     straight, halves = metrics(tmp_path, "straight"), metrics(tmp_path, "halves")
     assert [row["step"] for row in halves] == list(range(1, 7))
     assert [row["loss"] for row in halves] == pytest.approx([row["loss"] for row in straight], abs=1e-6, rel=0)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("schedule, micro, accum, units", [("1f1b", 4, 1, "model"), ("gpipe", 2, 2, "blocks")])
+def test_two_stages_of_two_fsdp_shards_equal_one_process(tmp_path, single, schedule, micro, accum, units):
+    """4 ranks = 2 stages x 2 FSDP2 shards on a ("pp", "dp") mesh: each dp group reads half the global batch
+    of 8, the tied wte/head gradient is summed shard by shard over the pp group, the norm over both."""
+    r = train(tmp_path, 4, *TINY, "run.name=pp2d", "parallel.strategy=pipeline", "parallel.pp_stages=2",
+              f"parallel.pp_schedule={schedule}", f"parallel.fsdp_units={units}", f"data.batch_size={micro}",
+              f"train.grad_accum={accum}")
+    assert "pipeline: 2 stages of 2/1 blocks, each sharded over 2 ranks (FSDP2); 1 tied" in r.stdout + r.stderr
+    pp = metrics(tmp_path, "pp2d")
+    assert len(pp) == len(single) == 6
+    for key in ("loss", "grad_norm", "val_loss", "val_acc"):
+        assert [row[key] for row in pp if key in row] == pytest.approx(
+            [row[key] for row in single if key in row], abs=1e-5, rel=0), key
+    assert sum("val_loss" in row for row in pp) == 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stages", ["3", "1"])
+def test_pp_stages_that_do_not_divide_the_world_are_one_error_line(tmp_path, stages):
+    for rank, r in enumerate(two_ranks(tmp_path, *TINY, "parallel.strategy=pipeline", f"parallel.pp_stages={stages}")):
+        assert r.returncode == 2, f"rank {rank}: rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        assert f"parallel.pp_stages = {stages}: must be >= 2 and divide WORLD_SIZE=2" in error_line(r.stderr)

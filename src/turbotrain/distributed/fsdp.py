@@ -59,10 +59,11 @@ def fsdp_mesh(device: torch.device, world_size: int, cfg: ParallelConfig) -> Dev
 
 
 def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dtype: torch.dtype | None,
-               cfg: ParallelConfig) -> nn.Module:
-    """Shard each unit of blocks (or the model as one unit), then the root.
+               cfg: ParallelConfig, mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard each unit of blocks (or the model as one unit), then the root, over `mesh` (None: the strategy's,
+    `fsdp_mesh`; a pipeline stage passes its data-parallel sub-mesh).
     Usage: `model = apply_fsdp(model, device, 8, torch.bfloat16, cfg)` (param_dtype None: fp32 compute)."""
-    mesh = fsdp_mesh(device, world_size, cfg)
+    mesh = mesh if mesh is not None else fsdp_mesh(device, world_size, cfg)
     reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     groups = unit_groups(model, cfg.fsdp_units)

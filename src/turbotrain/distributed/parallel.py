@@ -32,6 +32,9 @@ class ParallelConfig:
     (all forwards, then all backwards)."""
     pp_microbatches: int = 0
     """Pipeline: chunks each micro-batch is split into (must divide data.batch_size); 0 = 2 x stages."""
+    pp_stages: int = 0
+    """Pipeline: stages (must divide the world); the world is stages x data-parallel groups, each stage's blocks
+    sharded by FSDP2 over its group; 0 = every rank is a stage."""
     shard_size: int | None = None
     """HSDP: ranks per shard group (parameters sharded within it, replicated across groups); None: the local
     world size (the GPUs of one node)."""
@@ -49,6 +52,9 @@ class ParallelConfig:
             raise UserError(f"parallel.fsdp_units = {self.fsdp_units}: a count of units must be >= 1")
         if self.pp_microbatches < 0:
             raise UserError(f"parallel.pp_microbatches = {self.pp_microbatches}: must be >= 1 (0 = 2 x stages)")
+        if type(self.pp_stages) is not int or self.pp_stages < 0:
+            raise UserError(f"parallel.pp_stages = {self.pp_stages!r}: a count of stages must be >= 0 "
+                            "(0 = one stage a rank)")
         if self.shard_size is not None and (type(self.shard_size) is not int or self.shard_size < 1):
             raise UserError(f"parallel.shard_size = {self.shard_size!r}: a count of ranks must be >= 1")
         if self.meta_init not in ("auto", True, False):
@@ -61,6 +67,12 @@ class ParallelConfig:
 
 
 SHARDED = ("fsdp", "hsdp")  # the FSDP2 strategies: sharded parameters, optimizer state and checkpoints
+
+
+def fsdp_sharded(cfg: ParallelConfig, world_size: int) -> bool:
+    """Whether FSDP2 shards the parameters: under fsdp/hsdp, and under pipeline with fewer stages than ranks
+    (each stage sharded over its data-parallel group). cfg arrives resolved."""
+    return cfg.strategy in SHARDED or (cfg.strategy == "pipeline" and 0 < cfg.pp_stages < world_size)
 
 
 def hsdp_shape(world_size: int, shard_size: int | None, local_world_size: int) -> tuple[int, int]:
@@ -83,7 +95,11 @@ def resolve_strategy(strategy: str, world_size: int) -> str:
     return strategy
 
 
-def data_parallel(strategy: str, rank: int, world_size: int) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel world size): under "pipeline" the ranks are stages of one model
-    replica, and every one of them reads the same batches."""
-    return (0, 1) if strategy == "pipeline" else (rank, world_size)
+def data_parallel(strategy: str, rank: int, world_size: int, pp_stages: int = 0) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel world size): under "pipeline" the world is a (stages, dp) grid,
+    rank = stage x dp + dp coordinate; the stages of one dp group read the same batches, each dp group its own.
+    pp_stages arrives resolved (0 only where the strategy is not "pipeline")."""
+    if strategy != "pipeline":
+        return rank, world_size
+    dp = world_size // (pp_stages or world_size)
+    return rank % dp, dp
