@@ -46,6 +46,19 @@ def pipeline_cfg(*overrides):
     return load_config("gpt2-124m", ["parallel.strategy=\"pipeline\"", "data.batch_size=8", *overrides])
 
 
+def test_pp_stages_resolve_the_grid_and_the_fsdp_units():
+    from turbotrain.distributed.parallel import data_parallel, fsdp_sharded
+
+    cfg = resolve(pipeline_cfg("parallel.pp_stages=2"), Facts(device=CPU, world_size=4, block_params=(7,) * 12,
+                                                               pipeline_layout=True))
+    assert cfg.parallel.pp_stages == 2 and cfg.parallel.fsdp_units == "model" and fsdp_sharded(cfg.parallel, 4)
+    # rank = stage x dp + dp coordinate: ranks 0 and 2 (stages 0 and 1) read dp shard 0 of 2
+    assert [data_parallel("pipeline", r, 4, 2) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    every = resolve(pipeline_cfg(), Facts(device=CPU, world_size=4, block_params=(7,) * 12, pipeline_layout=True))
+    assert every.parallel.pp_stages == 4 and not fsdp_sharded(every.parallel, 4)
+    assert data_parallel("pipeline", 3, 4, 4) == (0, 1)
+
+
 def test_pipeline_resolves_chunks_compile_scope_and_final_export(capsys):
     cfg = resolve(pipeline_cfg("compile.enabled=true"),
                   Facts(device=CPU, world_size=2, block_params=(7,) * 12, pipeline_layout=True))
@@ -65,6 +78,12 @@ def test_pipeline_resolves_chunks_compile_scope_and_final_export(capsys):
     # the user left it at 0: the line says so, not a value they never wrote
     ((), dict(world_size=3, block_params=(7,) * 3, pipeline_layout=True),
      re.escape("parallel.pp_microbatches = 0 (auto: 3, one a stage): needs >= 3")),
+    (("parallel.pp_stages=3",), dict(world_size=4, block_params=(7,) * 12, pipeline_layout=True),
+     "parallel.pp_stages = 3: must be >= 2 and divide WORLD_SIZE=4"),
+    (("parallel.pp_stages=1",), dict(world_size=4, block_params=(7,) * 12, pipeline_layout=True),
+     "parallel.pp_stages = 1: must be >= 2"),
+    (("parallel.pp_stages=4",), dict(world_size=8, block_params=(7,) * 3, pipeline_layout=True),
+     "with 4 stages: the model has 3 blocks, fewer than one a stage"),
 ])
 def test_what_the_pipeline_cannot_run_is_refused(overrides, facts, says):
     with pytest.raises(UserError, match=says):
