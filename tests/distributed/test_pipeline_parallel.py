@@ -125,3 +125,18 @@ def test_pp_stages_that_do_not_divide_the_world_are_one_error_line(tmp_path, sta
     for rank, r in enumerate(two_ranks(tmp_path, *TINY, "parallel.strategy=pipeline", f"parallel.pp_stages={stages}")):
         assert r.returncode == 2, f"rank {rank}: rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         assert f"parallel.pp_stages = {stages}: must be >= 2 and divide WORLD_SIZE=2" in error_line(r.stderr)
+
+
+@pytest.mark.timeout(400)
+def test_resume_of_fsdp_sharded_stages_continues_the_curve(tmp_path):
+    """2 stages x 2 FSDP2 shards: each rank writes its shard of its stage (DCP, original names, flat
+    optimizer); a run stopped at step 3 and resumed to 6 has the loss curve of one that ran 6 steps straight."""
+    args = [*TINY, "parallel.strategy=pipeline", "parallel.pp_stages=2", "data.batch_size=4",
+            "train.schedule=constant", "checkpoint.every=3"]
+    train(tmp_path, 4, *args, "run.name=straight", "train.steps=6")
+    train(tmp_path, 4, *args, "run.name=halves", "train.steps=3")
+    r = train(tmp_path, 4, *args, "run.name=halves", "train.steps=6")
+    assert "resumed from step 3" in r.stdout + r.stderr
+    straight, halves = metrics(tmp_path, "straight"), metrics(tmp_path, "halves")
+    assert [row["step"] for row in halves] == list(range(1, 7))
+    assert [row["loss"] for row in halves] == pytest.approx([row["loss"] for row in straight], abs=1e-6, rel=0)
