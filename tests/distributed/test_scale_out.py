@@ -48,7 +48,7 @@ def test_llama_meta_init_on_two_ranks_equals_full_size_build(tmp_path):
 BIG = ["model.args.n_layer=12", "model.args.n_embd=768", "model.args.n_head=12", "model.args.vocab_size=50304",
        "data.args.block_size=64", "model.args.block_size=64", "precision.dtype=fp32", "train.steps=1",
        "data.batch_size=1", "parallel.strategy=fsdp", 'parallel.fsdp_units="blocks"', "train.log_every=1",
-       "checkpoint.every=0"]
+       "checkpoint.every=0", "checkpoint.final=false", "data.eval_batches=0"]
 
 
 def setup_growth(tmp_path, nproc, name, *args):
@@ -63,12 +63,10 @@ def setup_growth(tmp_path, nproc, name, *args):
 def test_meta_init_keeps_setup_host_memory_below_the_model(tmp_path):
     """GPT-2 124M shapes (block 64) under FSDP2: each rank's peak host memory growth while the model is built,
     sharded and initialised (summary's setup_host_growth_mb). A meta build holds its shard plus one 4 MiB
-    chunk of draws: below the model's fp32 size at 2 ranks (where the shard alone is half of it) and below half
-    of it at 4 ranks; a full-size build grows by more than the whole model."""
+    chunk of draws: below 3/4 of the model's fp32 size at 2 ranks (where the shard alone is half of it) and below
+    half of it at 4 ranks (a full-size build grows by more than the whole model: docs/scale-out.md)."""
     model_mb, meta2 = setup_growth(tmp_path, 2, "meta2")
     assert max(meta2) < 0.75 * model_mb, (meta2, model_mb)
-    _, full2 = setup_growth(tmp_path, 2, "full2", "parallel.meta_init=false")
-    assert min(full2) > model_mb and max(meta2) < min(full2) - model_mb / 2
     _, meta4 = setup_growth(tmp_path, 4, "meta4")
     assert max(meta4) < model_mb / 2, (meta4, model_mb)
 

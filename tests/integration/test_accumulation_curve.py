@@ -7,8 +7,9 @@ from turbotrain.trainer import train
 
 
 def test_training_curve_equal_for_same_global_batch(tmp_path):
-    train(tiny_gpt(tmp_path, "run.name=big", "data.batch_size=16", "train.grad_accum=1", "train.steps=6"))
-    train(tiny_gpt(tmp_path, "run.name=accum", "data.batch_size=4", "train.grad_accum=4", "train.steps=6"))
+    lr = ["train.lr=1e-2", "train.warmup_steps=0", "data.args.size=16"]  # one batch seen 6 times: it must learn it
+    train(tiny_gpt(tmp_path, "run.name=big", "data.batch_size=16", "train.grad_accum=1", "train.steps=6", *lr))
+    train(tiny_gpt(tmp_path, "run.name=accum", "data.batch_size=4", "train.grad_accum=4", "train.steps=6", *lr))
     big, acc = losses(tmp_path, "big"), losses(tmp_path, "accum")
     assert len(big) == len(acc) == 6
     assert big == pytest.approx(acc, rel=1e-4)
