@@ -102,6 +102,27 @@ def test_compiled_fullgraph_over_model_and_fused_loss():
     _close(got[1], want[1])
 
 
+def test_compiled_graph_with_fused_loss_is_kept_by_aot_autograds_cache():
+    """A warm start reuses the traced forward and backward only if every node of dynamo's graph is cacheable:
+    the op with its autograd formula registered on it is; a Python autograd.Function would bypass the cache."""
+    check_cacheable = pytest.importorskip("torch._functorch._aot_autograd.autograd_cache").check_cacheable
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    model = build_gpt(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    step = WithLoss(model, cross_entropy, fused_linear_cross_entropy)
+    x, y = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8))
+    torch.compile(step, backend=capture, fullgraph=True)(x, y).backward()
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert any("fused_linear_ce" in str(n.target) for n in graphs[0].graph.nodes)
+    check_cacheable(graphs[0])  # raises BypassAOTAutogradCache naming the node that is not
+
+
 def test_compiled_under_cpu_autocast_matches_eager():
     torch._dynamo.reset()
     model = build_gpt(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)

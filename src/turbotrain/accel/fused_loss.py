@@ -16,8 +16,10 @@ rather than folded into d(logits) because in fp16 (softmax − onehot)/N underfl
 at N ~ 10⁴ tokens; unscaled, the values lie in [-1, 1]. Peak memory: one chunk of logits, grad_W in fp32.
 
 The loss is the mean over tokens whose target is not `ignore_index` (-100), as `F.cross_entropy`. The
-op is a `torch.library.custom_op` (opaque to dynamo, with a fake implementation for shapes) inside an
-autograd.Function, so `torch.compile(fullgraph=True)` over model + loss traces through it.
+op is a `torch.library.custom_op` (opaque to dynamo, with a fake implementation for shapes) whose autograd
+formula is registered on the op itself, so `torch.compile(fullgraph=True)` over model + loss traces through
+it and the graph holds nothing but ops: AOT-autograd's cache keeps such a graph (a Python autograd.Function
+in it makes that cache bypass, and a warm start then re-traces forward and backward).
 
 Reference path (CPU, or GPU without triton): the same chunked algorithm in plain torch with an fp32
 softmax; in fp32 it equals `F.cross_entropy(h @ W.T, y)` to rounding.
@@ -45,22 +47,7 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     if chunk_tokens is None:
         per_token = weight.shape[0] * torch.finfo(dtype).bits // 8
         chunk_tokens = max(128, CHUNK_LOGITS_BYTES // per_token // 128 * 128)
-    return _FusedLinearCE.apply(h, weight, target.reshape(-1), ignore_index, chunk_tokens, dtype)
-
-
-class _FusedLinearCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, weight, target, ignore_index: int, chunk_tokens: int, dtype: torch.dtype):
-        loss, grad_h, grad_w, inv_n = torch.ops.turbotrain.fused_linear_ce(h, weight, target, ignore_index,
-                                                                           chunk_tokens, dtype)
-        ctx.save_for_backward(grad_h, grad_w, inv_n)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_w, inv_n = ctx.saved_tensors
-        scale = grad_loss.float() * inv_n  # fp32: grad_output (the loss scale under fp16) times 1/N
-        return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
+    return torch.ops.turbotrain.fused_linear_ce(h, weight, target.reshape(-1), ignore_index, chunk_tokens, dtype)[0]
 
 
 @torch.library.custom_op("turbotrain::fused_linear_ce", mutates_args=())
@@ -77,6 +64,22 @@ def _fused_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
 def _(h, weight, target, ignore_index, chunk_tokens, dtype):
     scalar = h.new_empty((), dtype=torch.float32)
     return scalar, torch.empty_like(h), torch.empty_like(weight), torch.empty_like(scalar)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    _, grad_h, grad_w, inv_n = output
+    ctx.save_for_backward(grad_h, grad_w, inv_n)
+
+
+def _backward(ctx, grad_loss, *_unused):
+    """Only the loss is differentiated (the other outputs are forward's by-products): the gradients forward
+    computed, scaled by grad_output / N."""
+    grad_h, grad_w, inv_n = ctx.saved_tensors
+    scale = grad_loss.float() * inv_n  # fp32: grad_output (the loss scale under fp16) times 1/N
+    return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
+
+
+_fused_linear_ce.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
