@@ -9,7 +9,7 @@ import pytest
 @pytest.mark.slow
 def test_bench_three_variants(tmp_path):
     r = subprocess.run([sys.executable, "-m", "turbotrain", "bench", "gpt-shakespeare", "train.steps=20",
-                        "data.eval_batches=2",
+                        "data.eval_batches=2", "model.args.n_layer=2", "model.args.n_embd=64", "data.batch_size=16",
                         f"run.out_dir={str(tmp_path)!r}", "--variants", "baseline,bf16,accum",
                         "--compare", "accelerate"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
