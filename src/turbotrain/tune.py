@@ -30,7 +30,16 @@ from turbotrain.config import DEFAULT_PRESET, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import say
-from turbotrain.tune_space import COMPILE_GUESS_S, NUMERICS_KEYS, Candidate, Ctx, Dimension, dimensions, probe_workload
+from turbotrain.tune_space import (
+    AUTOTUNE_COMPILE_FACTOR,
+    COMPILE_GUESS_S,
+    NUMERICS_KEYS,
+    Candidate,
+    Ctx,
+    Dimension,
+    dimensions,
+    probe_workload,
+)
 
 TRIAL_STEPS = 40  # 3 warm-up steps (compile) + 37 timed
 NO_SAVES = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers=["jsonl"]'] + \
@@ -51,13 +60,14 @@ def literal(key: str, value: Any) -> str:
 
 class Budget:
     """Wall-clock budget of the whole tune, less the time the report takes to write; the search stops
-    `reserve_s` early for the finalists. It counts from `since` (default now); the CLI passes the process's
-    start, so the imports count too (a long-lived caller's own earlier time never does)."""
+    `finals_s + checks_s` early, for the finalists' re-runs and the convergence check. It counts from `since`
+    (default now); the CLI passes the process's start, so the imports count too (a long-lived caller's own
+    earlier time never does)."""
 
     WRITE_S = 5.0
 
     def __init__(self, minutes: float, since: float | None = None):
-        self.total_s, self.reserve_s = minutes * 60, 0.0
+        self.total_s, self.finals_s, self.checks_s = minutes * 60, 0.0, 0.0
         self.t0 = time.perf_counter() if since is None else since
 
     def left(self) -> float:
@@ -66,8 +76,10 @@ class Budget:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def left_for_search(self) -> float:
-        return self.left() - self.reserve_s
+    def left_for_search(self, finals: bool = True) -> float:
+        """Time the search may still use: the finalists' share is kept only where there will be finalists
+        to compare (`finals`); otherwise it goes to more trials rather than to nothing."""
+        return self.left() - self.checks_s - (self.finals_s if finals else 0.0)
 
     def bar(self, width: int = 20) -> str:
         used = min(1.0, max(0.0, 1 - self.left() / self.total_s))
@@ -125,7 +137,7 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
                 "reason": None if s.get("samples_per_s") else "no timed steps"}
     if rc == 124:
-        return {**out, "status": "timeout", "reason": "killed at the end of the budget"}
+        return {**out, "status": "timeout", "reason": "killed: it ran past the budget's time for it"}
     reason = _failure(log) or f"exit {rc}"
     status = "oom" if "out of memory" in reason.lower() else "error"
     return {**out, "status": status, "reason": f"exit {rc}: {reason}"}
@@ -195,7 +207,9 @@ class Search:
         n = sum(1 for x in self.trials if x.get("status") != "skipped")
         left = self.budget.left()
         say(f"tune {self.budget.bar()} trial {n} · {left / 60:.1f} min of budget left · {dimension}: {cand.label}")
-        t.update(self.run(f"{t['id']}-{_slug(cand.label)}", config, left, f"tune: trial {n} ({cand.label})"))
+        # a candidate that outruns its estimate is stopped where the finalists' share begins, not at the end
+        limit = self._search_left() if cand.changes else left
+        t.update(self.run(f"{t['id']}-{_slug(cand.label)}", config, limit, f"tune: trial {n} ({cand.label})"))
         self._learn(t, cand)
         say(f"tune: {cand.label}: " + (f"{t['samples_per_s']:,.1f} samples/s, {t['status']}"
                                        if t.get("samples_per_s") else f"{t['status']} ({t['reason']})"))
@@ -213,9 +227,16 @@ class Search:
         need = self.trial_s
         if cand.compile:
             guess = self.compile_s or COMPILE_GUESS_S["cuda" if self.ctx.probe.on_gpu else "cpu"]
-            need += guess * (3 if "autotune" in cand.label else 1)
-        left = self.budget.left_for_search()
+            need += guess * (AUTOTUNE_COMPILE_FACTOR if "autotune" in cand.label else 1)
+        left = self._search_left()
         return f"budget: needs ~{need:.0f} s, {max(0.0, left):.0f} s left for the search" if need > left else None
+
+    def _search_left(self) -> float:
+        """The search's time left: the finalists' share counts once two configurations have run (the
+        finalists re-run only to compare two or more)."""
+        measured = {_key(t["config"]) for t in self.trials
+                    if t.get("samples_per_s") and t["status"] in ("ok", "slower")}
+        return self.budget.left_for_search(finals=len(measured) >= 2)
 
     def _learn(self, t: dict, cand: Candidate) -> None:
         """Keep the trial if it beats the best so far; learn the memory per sample from it."""
@@ -344,11 +365,11 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
     # finalists take at most a quarter of the budget (they re-run only while it lasts); a convergence check
     # needs its two full runs: up to half
-    finals = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
-    checks = min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS) if converge else 0.0
-    budget.reserve_s = finals + checks
+    budget.finals_s = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
+    budget.checks_s = (min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS)
+                       if converge else 0.0)
     search.explore(dims)
-    fins = finalists(search, repeats, budget, run, keep_s=checks)
+    fins = finalists(search, repeats, budget, run, keep_s=budget.checks_s)
     winner, base = choose(fins)
     conv = None
     if converge and winner is not None:

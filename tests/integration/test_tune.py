@@ -119,3 +119,32 @@ def test_under_torchrun_it_says_to_use_nproc(capsys, monkeypatch, tmp_path):
     assert main(["tune", TOML, f"run.out_dir={str(tmp_path)!r}"]) == 2
     err = capsys.readouterr().err
     assert "--nproc 2" in err and err.count("\n") == 1
+
+
+def test_the_finalists_share_goes_to_the_search_until_two_configurations_ran(monkeypatch):
+    """A 3-min budget (a quarter kept for the finalists) whose input config runs out of memory: with one
+    configuration measured there is nothing for finalists to compare, so their share goes to one more trial;
+    once two have run, a trial is stopped where the finalists' share begins."""
+    import turbotrain.tune as tune
+
+    clock, calls = [0.0], []
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+
+    def run(name, config, timeout_s, what):
+        calls.append((config, timeout_s))
+        clock[0] += 50.0
+        if config.get("data.batch_size", 8) >= 8:
+            return {"status": "oom", "reason": "exit 2: out of memory", "wall_s": 50.0}
+        return {"status": "ok", "samples_per_s": 100.0 / config["data.batch_size"], "peak_mem_gib": 20.0,
+                "wall_s": 50.0}
+
+    probe = _probe()
+    budget = Budget(3)  # 180 s, 5 of them for the report
+    search = Search(_ctx(probe), run, budget)
+    search.baseline()
+    budget.finals_s = 45.0  # as run_tune sizes it: a quarter of the budget
+    search.explore(dimensions(probe))
+    ran = [(c.get("data.batch_size"), t) for c, t in calls[1:]]
+    assert ran == [(4, 125.0), (2, 75.0)]  # the second would not have fitted beside a kept share (75 - 45 < 50)
+    assert all(t["status"] == "skipped" for t in search.trials[3:])
+    assert search._search_left() == 180 - 5 - 150 - 45  # two configurations ran: the share is kept again
