@@ -60,8 +60,8 @@ def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(f'"{a}"' if isinstance(a, str) else str(a).lower() for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):  # None is the unset default: TOML cannot write it
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None))
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             dict: "a table", list: "a list", tuple: "a list"}.get(origin or tp, str(tp))
 
@@ -405,7 +405,7 @@ def config_reference() -> str:
         lines += [f"## [{name}]", "", "| key | type | default | what |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = "{}" if isinstance(default, dict) else _toml_value(default)
+            shown = "{}" if isinstance(default, dict) else "unset" if default is None else _toml_value(default)
             cells = [f"`{f.name}`", _describe(types_[f.name]), f"`{shown}`", docs.get(f.name, "")]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")

@@ -36,7 +36,7 @@ class ParallelConfig:
     """Pipeline: stages (must divide the world); the world is stages x data-parallel groups, each stage's blocks
     sharded by FSDP2 over its group; 0 = every rank is a stage."""
     shard_size: int | None = None
-    """HSDP: ranks per shard group (parameters sharded within it, replicated across groups); None: the local
+    """HSDP: ranks per shard group (parameters sharded within it, replicated across groups); unset: the local
     world size (the GPUs of one node)."""
     meta_init: Literal["auto"] | bool = "auto"
     """Build the model on the meta device, shard/wrap it, then materialise and initialise it on the target
