@@ -213,8 +213,9 @@ def _bench(args: argparse.Namespace) -> None:
 def _tune(args: argparse.Namespace) -> None:
     from turbotrain.tune import process_start, run_tune
 
-    if not args.budget_min > 0 or args.repeats < 0 or args.nproc < 1:
-        raise UserError("--budget-min must be > 0, --repeats >= 0 and --nproc >= 1")
+    if not 0 < args.budget_min < float("inf") or args.repeats < 0 or args.nproc < 1:
+        raise UserError("--budget-min must be a number of minutes > 0 (not inf or nan), --repeats >= 0 and "
+                        "--nproc >= 1")
     _check_processes(args.nproc, "--nproc")
     since = process_start() if getattr(args, "whole_process", False) else None
     run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,

@@ -206,7 +206,8 @@ class Search:
             return t
         n = sum(1 for x in self.trials if x.get("status") != "skipped")
         left = self.budget.left()
-        say(f"tune {self.budget.bar()} trial {n} · {left / 60:.1f} min of budget left · {dimension}: {cand.label}")
+        say(f"tune {self.budget.bar()} trial {n} · {max(0.0, left) / 60:.1f} min of budget left · {dimension}: "
+            f"{cand.label}")
         # a candidate that outruns its estimate is stopped where the finalists' share begins, not at the end
         limit = self._search_left() if cand.changes else left
         t.update(self.run(f"{t['id']}-{_slug(cand.label)}", config, limit, f"tune: trial {n} ({cand.label})"))
@@ -376,7 +377,19 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
         winner, conv = converge_check(winner, base, fins, cfg.train.steps, budget, run)
     result = _result(config, overrides, cfg, eff, probe, search, fins, winner, base, conv, budget, repeats, nproc)
     write_outputs(tune_dir, result)
+    if winner is None:
+        raise UserError(_nothing_measured(search.trials, budget_min, tune_dir))
     return result
+
+
+def _nothing_measured(trials: list[dict], budget_min: float, tune_dir: Path) -> str:
+    """Why no configuration ran to the end (then there is nothing to train with): the budget or the config."""
+    base = trials[0] if trials else {}
+    if base.get("status") == "timeout":
+        return (f"--budget-min {budget_min:g}: the input config did not finish one {TRIAL_STEPS}-step trial within "
+                f"the budget ({base.get('wall_s', 0):.0f} s); give it more minutes (see {tune_dir / 'tune.md'})")
+    return (f"no configuration trained to the end; the input config: {base.get('reason') or base.get('status')} "
+            f"(every trial in {tune_dir / 'tune.md'}); fix the config, check it with: turbotrain train CONFIG ...")
 
 
 def _result(config, overrides, cfg, cfg_eff, probe, search, fins, winner, base, conv, budget, repeats,

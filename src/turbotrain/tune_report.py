@@ -14,17 +14,25 @@ from turbotrain.log import say
 
 
 def write_outputs(tune_dir: Path, result: dict) -> None:
+    """tune.json, tune.md, tune.png and, where a configuration ran to the end, tuned.toml (without one there is
+    nothing to train with: a tuned.toml repeating the input would read as a result)."""
     tune_dir.mkdir(parents=True, exist_ok=True)
     tuned = tune_dir / "tuned.toml"
-    tuned.write_text(tuned_toml(result))
-    result["tuned_toml"] = str(tuned)
-    launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
-                if result["world_size"] > 1 else "turbotrain")
-    result["command"] = f"{launcher} train {tuned}"
+    if result["winner"] is not None:
+        tuned.write_text(tuned_toml(result))
+        result["tuned_toml"] = str(tuned)
+        launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
+                    if result["world_size"] > 1 else "turbotrain")
+        result["command"] = f"{launcher} train {tuned}"
+    else:
+        tuned.unlink(missing_ok=True)  # a re-run into the same folder must not leave an earlier result behind
     plot(result, tune_dir / "tune.png")
     write_report(tune_dir, "tune", result, format_table(result))
-    say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
-    say(f"tune: train with the result: {result['command']}")
+    if result["winner"] is not None:
+        say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
+        say(f"tune: train with the result: {result['command']}")
+    else:
+        say(f"tune: wrote tune.json, tune.md, tune.png in {tune_dir} (no tuned.toml: no configuration ran to the end)")
 
 
 def _extends(config: str) -> str:
@@ -53,7 +61,7 @@ def tuned_toml(result: dict) -> str:
             apply_override(raw, item)
     raw.setdefault("run", {})["name"] = f"{result['run_name']}-tuned"
     comments = {"run.name": "its own run directory, beside the input config's"}
-    changes = w["changes"] if w else {}
+    changes = w["changes"]
     effects = _effects(result)
     for key, value in changes.items():
         section, name = key.split(".", 1)
@@ -61,9 +69,7 @@ def tuned_toml(result: dict) -> str:
         comments[key] = effects.get((key, _toml_value(value)), f"part of {w['label']}, the finalists' fastest median")
         if key == "precision.fp8" and value != "off":
             comments[key] += "; FP8 changes the numerics: check the loss (tune --converge, or bench --converge)"
-    if w is None:
-        head = "no configuration ran: the input config is kept unchanged"
-    elif not changes:
+    if not changes:
         head = "nothing measured faster than the input config beyond noise: it is kept unchanged"
     else:
         speed = (f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup")
@@ -115,7 +121,8 @@ def format_table(result: dict) -> str:
                      f"changes: {', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
     if result.get("converge"):
         lines.append(f"\nConvergence check: {result['converge']}")
-    lines.append(f"\nTrain with: `{result.get('command', '')}`")
+    if result.get("command"):
+        lines.append(f"\nTrain with: `{result['command']}`")
     return "\n".join(lines)
 
 

@@ -106,7 +106,8 @@ def test_cpu_space_is_ordered_data_first_compile_last():
 @pytest.mark.parametrize("argv, says", [
     (["tune", "no-such-preset"], "error: no preset or file named"),
     (["tune", TOML, "train.steps=zero"], "error: train.steps"),
-    (["tune", TOML, "--budget-min", "0"], "error: --budget-min must be > 0"),
+    (["tune", TOML, "--budget-min", "0"], "error: --budget-min must be a number of minutes > 0"),
+    (["tune", TOML, "--budget-min", "inf"], "error: --budget-min must be a number of minutes > 0 (not inf"),
 ])
 def test_bad_config_or_override_is_one_error_line(argv, says, capsys, tmp_path):
     assert main([*argv, f"run.out_dir={str(tmp_path)!r}"]) == 2
@@ -148,3 +149,19 @@ def test_the_finalists_share_goes_to_the_search_until_two_configurations_ran(mon
     assert ran == [(4, 125.0), (2, 75.0)]  # the second would not have fitted beside a kept share (75 - 45 < 50)
     assert all(t["status"] == "skipped" for t in search.trials[3:])
     assert search._search_left() == 180 - 5 - 150 - 45  # two configurations ran: the share is kept again
+
+
+def test_a_config_that_never_trains_writes_the_record_no_tuned_toml_and_one_error_line(tmp_path):
+    """Every trial fails (a model whose forward raises): tune.json/tune.md record each failure, there is no
+    tuned.toml to train with, and the command ends with one `error:` line naming the input config's failure."""
+    toml = tmp_path / "broken.toml"
+    toml.write_text(f'extends = {TOML!r}\n[model]\nname = "userpkg.tune_workloads:failing_model"\n')
+    r = subprocess.run([sys.executable, "-m", "turbotrain", "tune", str(toml), f"run.out_dir={str(tmp_path)!r}",
+                        "--budget-min", "1", "--repeats", "0"], capture_output=True, text=True, timeout=200,
+                       env=userpkg_env(), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: no configuration trained to the end"), r.stderr
+    tune = tmp_path / "broken" / "tune"  # the run is named after the config file that extends tune.toml
+    trials = json.loads((tune / "tune.json").read_text())["trials"]
+    assert trials[0]["status"] == "error" and not (tune / "tuned.toml").exists()
+    assert "Train with" not in (tune / "tune.md").read_text()

@@ -1,6 +1,7 @@
 """Workloads for `turbotrain tune`'s tests: a small user model with repeated blocks and a host-bound dataset.
 
     build_model(dim=16, depth=2, classes=4)          residual MLP with a `blocks` ModuleList
+    failing_model(dim=16, classes=4)                 a model whose forward always raises: no trial can train
     slow_items(split, n=512, dim=16, delay=0.005)    in-memory tensors, but every __getitem__ sleeps `delay`
                                                      s: a slow, host-bound loader that workers overlap (a
                                                      sleep is wall time, so it overlaps on a loaded 2-core CPU)
@@ -37,6 +38,15 @@ class ResMLP(nn.Module):
 
 def build_model(dim: int = 16, depth: int = 2, classes: int = 4) -> nn.Module:
     return ResMLP(dim, depth, classes)
+
+
+class Failing(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("failing_model: this forward always raises")
+
+
+def failing_model(dim: int = 16, classes: int = 4) -> nn.Module:
+    return Failing(dim, classes)
 
 
 class SlowItems(Dataset):
