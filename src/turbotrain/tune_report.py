@@ -18,21 +18,23 @@ def write_outputs(tune_dir: Path, result: dict) -> None:
     nothing to train with: a tuned.toml repeating the input would read as a result)."""
     tune_dir.mkdir(parents=True, exist_ok=True)
     tuned = tune_dir / "tuned.toml"
-    if result["winner"] is not None:
-        tuned.write_text(tuned_toml(result))
-        result["tuned_toml"] = str(tuned)
-        launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
-                    if result["world_size"] > 1 else "turbotrain")
-        result["command"] = f"{launcher} train {tuned}"
-    else:
+    if result["winner"] is None:
         tuned.unlink(missing_ok=True)  # a re-run into the same folder must not leave an earlier result behind
+        _write_record(tune_dir, result)
+        say(f"tune: wrote tune.json, tune.md, tune.png in {tune_dir} (no tuned.toml: no configuration ran to the end)")
+        return
+    tuned.write_text(tuned_toml(result))
+    launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
+                if result["world_size"] > 1 else "turbotrain")
+    result.update(tuned_toml=str(tuned), command=f"{launcher} train {tuned}")
+    _write_record(tune_dir, result)
+    say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
+    say(f"tune: train with the result: {result['command']}")
+
+
+def _write_record(tune_dir: Path, result: dict) -> None:
     plot(result, tune_dir / "tune.png")
     write_report(tune_dir, "tune", result, format_table(result))
-    if result["winner"] is not None:
-        say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
-        say(f"tune: train with the result: {result['command']}")
-    else:
-        say(f"tune: wrote tune.json, tune.md, tune.png in {tune_dir} (no tuned.toml: no configuration ran to the end)")
 
 
 def _extends(config: str) -> str:

@@ -28,9 +28,7 @@ CKPT_ACT_SHARE = {"none": 1.0, "selective": 0.6, "full": 0.25}  # activation mem
 OPT_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}  # fp32 optimizer state per parameter
 FIT_MARGIN = 0.92  # of device memory: the allocator's fragmentation and the CUDA context need the rest
 COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 60.0}  # a first compile, before any was measured
-# max-autotune benchmarks many kernel configurations per op: on an H100 GPT-2 124M's compile (20 s in default
-# mode) had not finished after 4 min (benchmarks/NOTES.md, session 9); 10x keeps it out of short budgets
-AUTOTUNE_COMPILE_FACTOR = 10
+AUTOTUNE_COMPILE_FACTOR = 10  # max-autotune benchmarks kernel variants per op: many default compiles' time
 NUMERICS_KEYS = ("precision.dtype", "precision.fp8")  # keys whose change changes the rounding of the math
 FP8_RECIPES = ("tensorwise", "rowwise")  # tensorwise first: 1.15x bf16 on llama-1b (H200), rowwise 1.01x
 # the SDPA backends' hardware floors, as torch's sdp_utils checks them (cuDNN and flash: sm80+)
