@@ -290,7 +290,7 @@ def _one_step(run: Run, first: bool = False) -> float:
     t0, tr = time.perf_counter(), run.trainee
     with phases.phase("data"):
         micro = [next(run.batches) for _ in range(run.cfg.train.grad_accum)]
-    if first and tr.compiled:  # compile happens here; a compiler error falls back to eager, as in train
+    if first:  # compile happens here (a compiler error falls back to eager), shapes fail here, as in train
         first_train_step(tr, micro, run.cfg.train.grad_clip)
     else:
         train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)

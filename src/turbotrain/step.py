@@ -11,6 +11,7 @@ from torch.utils.data import Dataset, default_collate
 
 from turbotrain.accel import precision
 from turbotrain.accel.compile import disable_compile, is_compile_error
+from turbotrain.accel.fp8 import fp8_shape_error
 from turbotrain.accel.optim import clip_grad_norm
 from turbotrain.contract import metric_value
 from turbotrain.data.datasets import TensorDataset
@@ -126,6 +127,8 @@ def first_train_step(tr: Trainee, micro_batches: list, clip: float):
     try:
         return train_step(tr, micro_batches, clip)
     except Exception as e:
+        if (shape := fp8_shape_error(e)) is not None:  # the data's shape, not the compiler: eager fails alike
+            raise shape from None
         if not is_compile_error(e):
             raise
         disable_compile(tr.compiled, e)

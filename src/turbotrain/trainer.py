@@ -12,6 +12,7 @@ import math
 import signal
 import threading
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -100,8 +101,8 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         is_log = done % t.log_every == 0 or done == t.steps
         is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
         micro = [next(run.batches) for _ in range(t.grad_accum)]  # fetch (prefetched asynchronously)
-        if step == run.start_step and tr.compiled:  # compile happens here; a compiler error falls back to eager
-            with Heartbeat("compile: compiling the model in the first step"):
+        if step == run.start_step:  # compile happens here (a compiler error falls back to eager), shapes fail here
+            with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext():
                 loss, grad_norm = first_train_step(tr, micro, t.grad_clip)
             if tr.compiled:  # the compile artifacts for the next run; writing them is not training time
                 monitor.exclude(save_compile_cache(run.compile_cache, run.env.is_main))

@@ -3,6 +3,7 @@ import json
 import tomllib
 
 import pytest
+import torch
 
 from tests.helpers import tiny_gpt
 from turbotrain.trainer import train
@@ -26,3 +27,31 @@ def test_auto_measures_the_backends_and_the_run_uses_the_fastest(tmp_path, capsy
                    f"compile.cache_dir={str(tmp_path / 'cache')!r}", "model.args.n_embd=128", "model.args.n_head=2",
                    "run.name=again"))
     assert f"→ {chosen} (measured earlier: {kept})" in capsys.readouterr().out
+
+
+FAMILY = {"cudnn": "cudnn", "pytorch_flash": "flash", "fmha_cutlass": "efficient"}  # kernel-name mark → backend
+
+
+@pytest.mark.parametrize("setting", ["cudnn", "flash", "efficient"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_setting_is_the_kernel_that_runs_eager_and_compiled(setting, compiled):
+    """The attention kernels the profiler sees under each explicit setting, bf16, eager and compiled."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from turbotrain.accel.attention import attention_backend
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(4, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.compile(f) if compiled else f
+    with attention_backend(setting, torch.device("cuda")):
+        g(q, k, v).backward()
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            g(q, k, v).backward()
+            torch.cuda.synchronize()
+    names = [e.name.lower() for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    families = {fam for n in names for mark, fam in FAMILY.items() if mark in n}
+    assert families == {setting}, names

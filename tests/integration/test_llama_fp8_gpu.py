@@ -29,7 +29,8 @@ def test_fp8_tracks_bf16(recipe):
         m = llama.build(vocab_size=4096, block_size=256, n_layer=2, n_head=16, n_kv_head=4, n_embd=2048,
                         ffn_hidden=8192).cuda()
         assert apply_fp8(m, fp8, fsdp=False) > 0 or fp8 == "off"
-        idx = torch.randint(0, 4096, (4, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        # 4 x 256 rows: FP8 matmuls need every dimension a multiple of 16, the tokens too
+        idx = torch.randint(0, 4096, (4, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(m(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
         loss.backward()
@@ -58,3 +59,20 @@ def test_fp8_llama_trains_compiled(tmp_path, recipe):
     loss = [r["loss"] for r in rows if "loss" in r]
     assert len(loss) == 20 and all(math.isfinite(x) for x in loss), loss
     assert sum(loss[-3:]) / 3 < loss[0] - 1.0, loss
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fp8_rows_not_a_multiple_of_16_is_one_user_error(tmp_path, compiled):
+    """4 x 255 tokens: torch._scaled_mm refuses the grad-weight matmul; the run ends with the UserError naming
+    the fix (not a traceback, not a fall back to eager)."""
+    from turbotrain import train
+    from turbotrain.data.datasets import TokenWindows
+    from turbotrain.errors import UserError
+
+    stream = TokenWindows((torch.arange(64 * 255 + 1) * 7 % 512).to(torch.int32), 255, vocab_size=512)
+    cfg = load_config("llama-1b", ["model.args.n_layer=2", "model.args.vocab_size=512", "data.args.vocab_size=512",
+                                   "model.args.block_size=255", "train.steps=2", 'precision.fp8="tensorwise"',
+                                   f"compile.enabled={str(compiled).lower()}", f"run.out_dir={str(tmp_path)!r}",
+                                   "data.eval_batches=0"])
+    with pytest.raises(UserError, match="multiple of 16"):
+        train(cfg, train_data=stream)

@@ -16,9 +16,29 @@ from turbotrain.models.gpt import GPT
 from turbotrain.models.structure import WithLoss
 
 
-def test_auto_keeps_the_default_order_off_hopper():
-    ctx = attention_backend("auto", torch.device("cpu"))
-    assert type(ctx).__name__ == "nullcontext"
+def test_auto_and_default_leave_torchs_choice():
+    for setting in ("auto", "default"):
+        assert type(attention_backend(setting, torch.device("cpu"))).__name__ == "nullcontext"
+
+
+def _enabled() -> tuple[bool, ...]:
+    b = torch.backends.cuda
+    return b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()
+
+
+@pytest.mark.parametrize("setting, enabled", [("cudnn", (True, True, True, True)),
+                                              ("flash", (False, True, True, True)),
+                                              ("efficient", (False, False, True, True)),
+                                              ("math", (False, False, False, True))])
+def test_a_setting_disables_the_backends_before_it_and_restores_them(setting, enabled):
+    """A priority order alone did not decide the kernel (cuDNN won eager over "flash first" on Hopper, flash won
+    compiled over "efficient first"); the enabled set does, in eager and compiled alike."""
+    before, tag = _enabled(), torch.compiler.config.cache_key_tag
+    with attention_backend(setting, torch.device("cpu")):
+        assert _enabled() == enabled
+        # torch's compile caches do not key on the enabled set: the tag keeps each setting's graphs apart
+        assert torch.compiler.config.cache_key_tag.endswith(f"sdpa-{setting}")
+    assert _enabled() == before and torch.compiler.config.cache_key_tag == tag
 
 
 # ---------------------------------------------------------------- "auto": measured (timer injected on a CPU)

@@ -199,3 +199,33 @@ def test_llama_8b_preset_builds_on_meta_with_8b_params():
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
     assert model.head.weight is not model.tok_emb.weight  # untied
     assert model.blocks[0].attn.wk.weight.shape == (1024, 4096) and model.blocks[0].mlp.w1.weight.shape == (14336, 4096)
+
+
+SCALED_MM = "Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (2048x1020)."
+SCALED_MM_META = "Expected self.size(1) to be divisible by 16, but got self.size(1)=1020"  # compile's trace
+
+
+@pytest.mark.parametrize("message, wrapped", [(SCALED_MM, False), (SCALED_MM, True), (SCALED_MM_META, True)])
+def test_fp8_rows_not_a_multiple_of_16_is_one_error_naming_the_fix(monkeypatch, message, wrapped):
+    """torch._scaled_mm's shape rule on the data's rows (batch x sequence), eager or wrapped by the compiler,
+    becomes the UserError at the first step; any other error of the first step is left as it was."""
+    from turbotrain import step
+
+    err = RuntimeError(message)
+    if wrapped:
+        outer = RuntimeError("backend='inductor' raised")
+        outer.__cause__ = err
+        err = outer
+
+    def fails(exc):
+        def train_step(*_a, **_k):
+            raise exc
+        return train_step
+
+    monkeypatch.setattr(step, "train_step", fails(err))
+    got = r"(mat1 shape: \(2048x1020\)|self.size\(1\)=1020)"
+    with pytest.raises(UserError, match=rf"multiple of 16 \(torch: got {got}\); .*fp8 = 'off'$"):
+        step.first_train_step(None, [], 1.0)
+    monkeypatch.setattr(step, "train_step", fails(ValueError("the model's own bug")))
+    with pytest.raises(ValueError, match="own bug"):
+        step.first_train_step(None, [], 1.0)

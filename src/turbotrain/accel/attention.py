@@ -1,12 +1,17 @@
 """The attention kernel behind `F.scaled_dot_product_attention`.
 
-PyTorch tries FlashAttention first. Which backend is fastest depends on the GPU, the shapes and the dtype,
-so on a GPU "auto" measures: the SDPA calls of one forward of the model are recorded (shapes, dtype under
-the run's autocast, causal flag), each candidate backend (cuDNN, flash, efficient) times forward+backward
-of those calls (CUDA events, warm-up, median), and the fastest that runs is put first. The verdict is kept
-as JSON beside the compile caches, keyed by GPU, torch and the calls, so later runs reuse it. On a CPU
-there is nothing to measure: torch's order is kept. An explicit setting is a preference, not a
-restriction: shapes a backend cannot serve fall through to the next one. The order must be in force while
+Which backend is fastest depends on the GPU, the shapes and the dtype, so on a GPU "auto" measures: the
+SDPA calls of one forward of the model are recorded (shapes, dtype under the run's autocast, causal flag),
+each candidate backend (cuDNN, flash, efficient) times forward+backward of those calls (CUDA events,
+warm-up, median), and the fastest that runs is chosen. The verdict is kept as JSON beside the compile
+caches, keyed by GPU, torch and the calls, so later runs reuse it. On a CPU there is nothing to measure:
+torch's choice is kept.
+
+A choice is enforced by *disabling* the backends before it in the chain cuDNN → flash → efficient → math,
+not by a priority order alone: torch (2.11, Hopper) prefers cuDNN over a priority list in eager mode, and
+torch.compile's trace picks by the enabled set, so a priority list ran different kernels eager and
+compiled (measured: "flash first" ran cuDNN eager; "efficient first" ran flash compiled). Shapes the
+chosen backend cannot serve fall through to the ones after it. The set must be in force while
 torch.compile traces (it picks the kernel at trace time), so the trainer holds this context for the whole
 run, and "auto" is measured before the first step compiles.
 """
@@ -36,33 +41,37 @@ class KernelsConfig:
     """The `[kernels]` section."""
 
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math"] = "default"
-    """SDPA backend tried first ("auto": fastest measured on the GPU, torch's order on a CPU; a preference only)."""
+    """SDPA backend ("auto": fastest measured on the GPU, torch's choice on a CPU); backends before it in the
+    chain cudnn → flash → efficient → math are disabled, those after it serve shapes it cannot."""
     fused_loss: bool = False
     """LM head + cross-entropy as one chunked op (Triton on GPU), no full logits; needs model `hidden` and `head`."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """`with attention_backend("cudnn", device): train...` ("auto" here, unmeasured: cuDNN first on Hopper)."""
+    """`with attention_backend("flash", device): train...` — the setting's backend and those after it in the
+    chain cuDNN → flash → efficient → math enabled, the ones before it disabled ("auto" here, unmeasured, and
+    "default": torch's own choice)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if setting == "default" or (setting == "auto" and not _is_hopper(device)):
+    if setting in ("default", "auto"):
         return contextlib.nullcontext()
-    first = {"auto": SDPBackend.CUDNN_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-             "flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-             "math": SDPBackend.MATH}[setting]
-    rest = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    order = [first] + [b for b in rest if b != first]
+    chain = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    first = {"cudnn": 0, "flash": 1, "efficient": 2, "math": 3}[setting]
+    enabled = chain[first:]
+    stack = contextlib.ExitStack()
     try:
-        ctx = sdpa_kernel(order, set_priority=True)
-    except TypeError:  # torch < 2.6 has no priority order
-        say("attention: this torch cannot reorder SDPA backends; keeping its default order")
-        return contextlib.nullcontext()
-    say(f"attention: SDPA backends in order {', '.join(b.name.lower() for b in order)}")
-    return ctx
-
-
-def _is_hopper(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+        stack.enter_context(sdpa_kernel(enabled, set_priority=True))
+    except TypeError:  # torch < 2.6: no priority order; the enabled set alone still decides
+        stack.enter_context(sdpa_kernel(enabled))
+    # torch's compile caches key a graph by its code, not by the enabled set its trace chose a kernel from:
+    # without a tag of their own, a graph compiled under one setting is served under another (measured)
+    config = torch.compiler.config
+    if hasattr(config, "cache_key_tag"):
+        tag = "+".join(t for t in (config.cache_key_tag, f"sdpa-{setting}") if t)
+        stack.enter_context(config.patch(cache_key_tag=tag))
+    say(f"attention: SDPA backends {', '.join(b.name.lower() for b in enabled)} (in that order; "
+        f"{', '.join(b.name.lower() for b in chain[:first]) or 'none'} disabled)")
+    return stack
 
 
 # ---------------------------------------------------------------- "auto": measured on the device

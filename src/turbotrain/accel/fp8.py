@@ -8,6 +8,7 @@ own tables).
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
@@ -40,6 +41,23 @@ def check_fp8(recipe: str, device: torch.device, dtype: str) -> None:
         raise UserError(f"precision.fp8 = {recipe!r}: needs precision.dtype = \"bf16\" (or \"auto\"), not "
                         f"{dtype!r}; set precision.fp8 = 'off' for other dtypes")
     require_torchao(recipe)
+
+
+def fp8_shape_error(exc: BaseException) -> UserError | None:
+    """The one-line error for FP8's shape rule, or None when `exc` is something else. FP8 matmuls need every
+    dimension a multiple of 16; the filter guarantees it for the layers' widths, but the rows — the tokens
+    of a micro-batch (batch × sequence length) — are the data's: the grad-weight matmul fails on them in the
+    first backward (torch._scaled_mm's check eager, its meta function's when compile traces)."""
+    text, e = "", exc
+    while e is not None:  # compile wraps the kernel's own error
+        text += str(e)
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    found = re.search(r"divisible by 16,? but got ([^\n]+?)\.?(?:\n|$)", text)
+    if found is None:
+        return None
+    return UserError(f"precision.fp8: FP8 matmuls need the rows reaching each linear layer (micro-batch x sequence "
+                     f"length) to be a multiple of 16 (torch: got {found[1]}); choose data.batch_size and the "
+                     f"sequence length so, or set precision.fp8 = 'off'")
 
 
 def fp8_filter(recipe: str, skip_weights: set[int]) -> Callable[[nn.Module, str], bool]:
