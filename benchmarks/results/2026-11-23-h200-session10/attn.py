@@ -1,22 +1,27 @@
 """Which SDPA kernel a compiled graph runs under each way of choosing a backend (torch 2.11, Hopper)."""
-import torch, torch.nn.functional as F
+import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 
 def f(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
 
 def kernels(ctx_fn, compiled):
     torch._dynamo.reset()
-    q, k, v = (torch.randn(16, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(16, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
     g = torch.compile(f) if compiled else f
     with ctx_fn():
         g(q, k, v).backward()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as p:
-            g(q, k, v).backward(); torch.cuda.synchronize()
+            g(q, k, v).backward()
+            torch.cuda.synchronize()
     names = {e.name[:60] for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    return sorted(n for n in names if any(s in n.lower() for s in ("flash", "sdpa", "fmha", "attention", "cudnn", "mem_eff", "cutlass")))
+    marks = ("flash", "sdpa", "fmha", "attention", "cudnn", "mem_eff", "cutlass")
+    return sorted(n for n in names if any(s in n.lower() for s in marks))
 
 F_, C_, E_, M_ = SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
 ways = {

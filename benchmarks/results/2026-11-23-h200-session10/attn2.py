@@ -1,9 +1,11 @@
 """Which SDPA kernel turbotrain's GPT block runs, compiled, under autocast, per way of choosing the backend."""
-import sys, torch
-from torch.profiler import profile, ProfilerActivity
+import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from turbotrain.models import gpt
+from torch.profiler import ProfilerActivity, profile
+
 from turbotrain.accel.attention import attention_backend
+from turbotrain.models import gpt
+
 
 def names(p):
     ns = {e.name[:50] for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA}
@@ -21,12 +23,14 @@ def run(label, ctx, compiled, autocast=True, fullgraph=True):
                 with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
                     out = f(x)
                 loss = out.float().mean()
-                loss.backward(); torch.cuda.synchronize()
+                loss.backward()
+                torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as p:
                 with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
                     out = f(x)
                 loss = out.float().mean()
-                loss.backward(); torch.cuda.synchronize()
+                loss.backward()
+                torch.cuda.synchronize()
         print(f"{label:34s} compiled={compiled} autocast={autocast}: {names(p)}", flush=True)
     except Exception as e:
         print(f"{label:34s} compiled={compiled}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
