@@ -123,7 +123,8 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
 
 
 def first_train_step(tr: Trainee, micro_batches: list, clip: float):
-    """Compilation happens inside the first step; a compiler error falls back to eager and redoes it."""
+    """Compilation happens inside the first step; a compiler error falls back to eager and redoes it. A batch
+    shape FP8 cannot take fails here too, compiled or not, and ends as one UserError."""
     try:
         return train_step(tr, micro_batches, clip)
     except Exception as e:

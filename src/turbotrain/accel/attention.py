@@ -8,10 +8,9 @@ caches, keyed by GPU, torch and the calls, so later runs reuse it. On a CPU ther
 torch's choice is kept.
 
 A choice is enforced by *disabling* the backends before it in the chain cuDNN → flash → efficient → math,
-not by a priority order alone: torch (2.11, Hopper) prefers cuDNN over a priority list in eager mode, and
-torch.compile's trace picks by the enabled set, so a priority list ran different kernels eager and
-compiled (measured: "flash first" ran cuDNN eager; "efficient first" ran flash compiled). Shapes the
-chosen backend cannot serve fall through to the ones after it. The set must be in force while
+not by a priority order alone, which neither eager mode (it prefers cuDNN on Hopper) nor torch.compile's
+trace (it picks by the enabled set) obeys (benchmarks/NOTES.md, session 10). Shapes the chosen backend
+cannot serve fall through to the ones after it. The set must be in force while
 torch.compile traces (it picks the kernel at trace time), so the trainer holds this context for the whole
 run, and "auto" is measured before the first step compiles.
 """
@@ -64,7 +63,7 @@ def attention_backend(setting: str, device: torch.device) -> contextlib.Abstract
     except TypeError:  # torch < 2.6: no priority order; the enabled set alone still decides
         stack.enter_context(sdpa_kernel(enabled))
     # torch's compile caches key a graph by its code, not by the enabled set its trace chose a kernel from:
-    # without a tag of their own, a graph compiled under one setting is served under another (measured)
+    # without a tag of their own, a graph compiled under one setting is served under another
     config = torch.compiler.config
     if hasattr(config, "cache_key_tag"):
         tag = "+".join(t for t in (config.cache_key_tag, f"sdpa-{setting}") if t)
