@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from turbotrain.accel.fp8 import require_torchao
 from turbotrain.cli import main
@@ -149,8 +150,9 @@ def test_fp8_refused_on_cpu(capsys, tmp_path):
                         "set precision.fp8 = 'off'")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is not None, reason="torchao is installed here")
-def test_fp8_without_torchao_names_the_extra():
+def test_fp8_without_torchao_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed: importing it raises ImportError
+    monkeypatch.delitem(sys.modules, "torchao.float8", raising=False)
     with pytest.raises(UserError, match=r"precision.fp8 = 'tensorwise': needs torchao .*pip install turbotrain\[fp8\]"):
         require_torchao("tensorwise")
 
@@ -160,31 +162,78 @@ def test_fp8_bad_value_refused():
         load_config("llama-1b", ['precision.fp8="e4m3"'])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao (pip install turbotrain[fp8])")
-def test_fp8_converts_large_untied_linears_only():
-    """torchao's size filter per recipe, and a head tied to the embedding stays a plain, still tied Linear."""
-    from torch import nn
+NEEDS_TORCHAO = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
+                                   reason="needs torchao (pip install turbotrain[fp8])")
 
-    from turbotrain.accel.fp8 import apply_fp8
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(2048, 64)
-            self.up = nn.Linear(64, 2048, bias=False)  # N = 2048: large enough for tensorwise, not rowwise
-            self.small = nn.Linear(64, 32)
-            self.head = nn.Linear(64, 2048, bias=False)
+class Fp8Net(nn.Module):
+    """An embedding, one linear each side of tensorwise's size filter, and a head (tied or not)."""
+
+    def __init__(self, tie: bool = True, vocab: int = 2048):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 64)
+        self.up = nn.Linear(64, 2048, bias=False)  # N = 2048: large enough for tensorwise, not rowwise
+        self.small = nn.Linear(64, 32)
+        self.head = nn.Linear(64, vocab, bias=False)
+        if tie:
             self.head.weight = self.emb.weight
 
-    net = Net()
-    assert apply_fp8(net, "tensorwise", fsdp=False) == 1
-    assert type(net.up).__name__ == "Float8Linear" and type(net.small) is nn.Linear and type(net.head) is nn.Linear
-    assert net.head.weight is net.emb.weight
-    assert apply_fp8(Net(), "rowwise", fsdp=False) == 0
-    sharded = Net()
+
+@NEEDS_TORCHAO
+def test_fp8_converts_large_linears_and_keeps_the_head():
+    """torchao's size filter per recipe; the head stays a plain Linear, tied or not, unless asked."""
+    from turbotrain.accel.fp8 import apply_fp8
+
+    for tie in (True, False):
+        net = Fp8Net(tie)
+        assert apply_fp8(net, "tensorwise", fsdp=False) == 1
+        assert type(net.up).__name__ == "Float8Linear" and type(net.small) is nn.Linear and type(net.head) is nn.Linear
+        assert (net.head.weight is net.emb.weight) == tie
+    assert apply_fp8(Fp8Net(), "rowwise", fsdp=False) == 0
+    sharded = Fp8Net()
     apply_fp8(sharded, "tensorwise", fsdp=True)  # FP8 all-gather: the weight becomes torchao's FSDP2 subclass
     assert type(sharded.up.weight.data).__name__ == "WeightWithDynamicFloat8CastTensor"
-    assert apply_fp8(Net(), "off", fsdp=False) == 0
+    assert apply_fp8(Fp8Net(), "off", fsdp=False) == 0
+
+
+@NEEDS_TORCHAO
+def test_fp8_head_converts_the_head_and_keeps_it_tied():
+    from turbotrain.accel.fp8 import apply_fp8
+
+    net = Fp8Net(tie=True, vocab=256)  # 64 -> 256: below the size filter; an explicit ask converts it anyway
+    assert apply_fp8(net, "rowwise", fsdp=False, head=True) == 1
+    assert type(net.head).__name__ == "Float8Linear" and net.head.weight is net.emb.weight
+    x = torch.randint(0, 256, (2, 16))
+    assert net.head(net.emb(x)).shape == (2, 16, 256)
+    # a Llama with its tied head converted: the optimizer still sees each weight once, the tie holds
+    m = llama.build(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, ffn_hidden=64,
+                    tie_weights=True)
+    before = [id(p) for p in m.parameters()]
+    assert apply_fp8(m, "tensorwise", fsdp=False, head=True) == 1
+    assert [id(p) for p in m.parameters()] == before and m.head.weight is m.tok_emb.weight
+
+
+@NEEDS_TORCHAO
+@pytest.mark.parametrize("net, fsdp, match", [
+    (Fp8Net(vocab=65), False, r"multiples of 16, it is 64 -> 65; pad the vocabulary"),
+    (Fp8Net(tie=True), True, r"untie the head from the embedding"),
+    (nn.Sequential(nn.Linear(64, 64)), False, r"no output layer"),
+])
+def test_fp8_head_refusals(net, fsdp, match):
+    from turbotrain.accel.fp8 import apply_fp8
+
+    with pytest.raises(UserError, match=r"^precision.fp8_head = true: .*" + match):
+        apply_fp8(net, "tensorwise", fsdp=fsdp, head=True)
+
+
+def test_fp8_head_conflicts_refused_before_the_device(capsys, tmp_path):
+    """Config conflicts: said on any machine, before FP8's GPU check."""
+    for extra, says in ((["precision.fp8_head=true"], 'but precision.fp8 = "off"; set precision.fp8="tensorwise"'),
+                        (["precision.fp8_head=true", 'precision.fp8="tensorwise"'],
+                         "kernels.fused_loss computes the head's matmul itself")):
+        rc = main(["train", "llama-1b", *TINY_ARGS, *extra, f"run.out_dir={str(tmp_path)!r}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith("error: precision.fp8_head = true") and says in err[-1]
 
 
 def test_llama_8b_preset_builds_on_meta_with_8b_params():

@@ -16,6 +16,7 @@ from torch import nn
 
 from turbotrain.errors import UserError
 from turbotrain.log import say
+from turbotrain.models.structure import output_layer
 
 FP8_CAPABILITY = (8, 9)  # Ada (sm89) and Hopper (sm90) have FP8 tensor cores
 
@@ -60,20 +61,27 @@ def fp8_shape_error(exc: BaseException) -> UserError | None:
                      f"sequence length so, or set precision.fp8 = 'off'")
 
 
-def fp8_filter(recipe: str, skip_weights: set[int]) -> Callable[[nn.Module, str], bool]:
+def fp8_filter(recipe: str, head: nn.Module | None, skip_weights: set[int]) -> Callable[[nn.Module, str], bool]:
     """Which nn.Linear layers to convert: torchao's size filter for the recipe (dims divisible by 16, and
     large enough that the FP8 matmul outruns bf16 plus the cost of the casts, by torchao's H100 tables),
     minus those whose weight is in `skip_weights` (ids of weights tied to an embedding: Float8Linear would
-    re-wrap the weight and untie it)."""
+    re-wrap the weight and untie it) and the output layer, which is `head` when asked (dims divisible by 16
+    the only rule there: an explicit ask)."""
     from torchao.float8 import _auto_filter_for_recipe
 
     by_size = _auto_filter_for_recipe(recipe, filter_fqns=[])
-    return lambda module, fqn: id(module.weight) not in skip_weights and by_size(module, fqn)
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if head is not None and module is head:
+            return True
+        return id(module.weight) not in skip_weights and by_size(module, fqn)
+    return keep
 
 
-def apply_fp8(model: nn.Module, recipe: str, fsdp: bool) -> int:
+def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> int:
     """Swap the model's large linears for torchao's Float8Linear, in place; returns how many were swapped.
-    Under FSDP2 with "tensorwise", weights are all-gathered in FP8 (torchao's float8 all-gather).
+    The output layer stays as it is unless `head` (precision.fp8_head). Under FSDP2 with "tensorwise",
+    weights are all-gathered in FP8 (torchao's float8 all-gather).
     Usage: `apply_fp8(model, "rowwise", fsdp=False)`."""
     if recipe == "off":
         return 0
@@ -83,9 +91,30 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool) -> int:
     if fsdp and recipe == "tensorwise":  # the tensorwise recipe (torchao's defaults) + FP8 all-gather
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    out = output_layer(model)
+    if head:
+        _check_head(out, tied, config.enable_fsdp_float8_all_gather)
     total = sum(isinstance(m, nn.Linear) for m in model.modules())
-    convert_to_float8_training(model, module_filter_fn=fp8_filter(recipe, tied), config=config)
+    skip = tied | ({id(out.weight)} if out is not None else set())  # the head: bf16 unless asked
+    convert_to_float8_training(model, module_filter_fn=fp8_filter(recipe, out if head else None, skip),
+                               config=config)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-    say(f"fp8: {recipe} scaling on {n} of {total} linear layers (the rest too small to gain, or tied)")
+    say(f"fp8: {recipe} scaling on {n} of {total} linear layers, the output head "
+        f"{'included' if head else 'kept in bf16'} (the rest too small to gain, or tied)")
     return n
+
+
+def _check_head(out: nn.Module | None, tied: set[int], fsdp_fp8_gather: bool) -> None:
+    """precision.fp8_head's refusals, found on the built model."""
+    if out is None:
+        raise UserError("precision.fp8_head = true: the model has no output layer to convert (a top-level `head` "
+                        "nn.Linear or transformers' get_output_embeddings()); set precision.fp8_head=false")
+    n, k = out.weight.shape
+    if n % 16 or k % 16:
+        raise UserError(f"precision.fp8_head = true: FP8 matmuls need the head's dimensions to be multiples of 16, "
+                        f"it is {k} -> {n}; pad the vocabulary to a multiple of 16 or set precision.fp8_head=false")
+    if fsdp_fp8_gather and id(out.weight) in tied:
+        raise UserError("precision.fp8_head = true: under FSDP2 the tensorwise recipe all-gathers weights in FP8 "
+                        "through a weight wrapper, which would untie the head from the embedding; set "
+                        "precision.fp8_head=false, or precision.fp8=\"rowwise\"")
 

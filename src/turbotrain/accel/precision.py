@@ -24,6 +24,9 @@ class PrecisionConfig:
     fp8: Fp8 = "off"
     """FP8 matmuls for the large linear layers through torchao (`pip install turbotrain[fp8]`; sm89+ GPU, bf16):
     "off" | "tensorwise" (fastest; FP8 all-gather under FSDP2) | "rowwise" (closer to bf16's accuracy)."""
+    fp8_head: bool = False
+    """Also the output layer (LM head, tied or not) in FP8; kept in bf16 by default, as torchao and its users do.
+    A large-vocabulary head is much of the FLOPs (llama-1b: 1.07x tok/s); needs kernels.fused_loss = false."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

@@ -34,6 +34,20 @@ def supports_fused_loss(model: nn.Module) -> bool:
     return (callable(getattr(model, "hidden", None)) and isinstance(head, nn.Linear) and head.bias is None)
 
 
+def output_layer(model: nn.Module) -> nn.Linear | None:
+    """The model's output projection (the LM head): a top-level `head` nn.Linear (turbotrain's models), else
+    what a transformers model's `get_output_embeddings()` returns (found inside turbotrain's HF wrapper too)."""
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear):
+        return head
+    for m in model.modules():
+        get = getattr(m, "get_output_embeddings", None)
+        out = get() if callable(get) else None
+        if isinstance(out, nn.Linear):
+            return out
+    return None
+
+
 def find_blocks(model: nn.Module) -> nn.ModuleList | nn.Sequential | None:
     """The repeated blocks of a model: `model.blocks` if present, else its longest ModuleList/Sequential."""
     blocks = getattr(model, "blocks", None)
