@@ -82,7 +82,7 @@ def fp8_filter(recipe: str, head: nn.Module | None, skip_weights: set[int]) -> C
 def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False, fast_accum: bool = False) -> int:
     """Swap the model's large linears for torchao's Float8Linear, in place; returns how many were swapped.
     The output layer stays as it is unless `head` (precision.fp8_head); `fast_accum` (precision.fp8_fast_accum)
-    turns on fast accumulation in the grad-input and grad-weight matmuls as well as the output's. Under FSDP2
+    turns on fast accumulation in the grad-input matmul as well as the output's. Under FSDP2
     with "tensorwise", weights are all-gathered in FP8 (torchao's float8 all-gather).
     Usage: `apply_fp8(model, "rowwise", fsdp=False)`."""
     if recipe == "off":
@@ -93,10 +93,9 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False, fas
     config = Float8LinearConfig.from_recipe_name(recipe)
     if fsdp and recipe == "tensorwise":  # the tensorwise recipe (torchao's defaults) + FP8 all-gather
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-    if fast_accum:
+    if fast_accum:  # not grad-weight's: its sums run over every token of the batch (measured: +0.9 % val loss)
         fast = Float8GemmConfig(use_fast_accum=True)
-        config = dataclasses.replace(config, gemm_config_output=fast, gemm_config_grad_input=fast,
-                                     gemm_config_grad_weight=fast)
+        config = dataclasses.replace(config, gemm_config_output=fast, gemm_config_grad_input=fast)
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     out = output_layer(model)
     if head:
@@ -107,7 +106,7 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False, fas
                                config=config)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     say(f"fp8: {recipe} scaling on {n} of {total} linear layers, the output head "
-        f"{'included' if head else 'kept in bf16'}{', fast accumulation in all matmuls' if fast_accum else ''} "
+        f"{'included' if head else 'kept in bf16'}{', fast accumulation forward and grad-input' if fast_accum else ''} "
         f"(the rest too small to gain, or tied)")
     return n
 
