@@ -47,7 +47,7 @@ class Trainee:
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
                      seed: int = 0, *, fp8: str = "off", fp8_head: bool = False,
-                     fp8_fast_accum: bool = False, fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
@@ -82,7 +82,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     if par.meta_init and not sharded_meta:
         meta_init.materialize(model, device, seed)
     model = model if sharded_meta else model.to(device)
-    apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head, fast_accum=fp8_fast_accum)
+    apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
     if mem.channels_last:
         model = apply_channels_last(model)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
@@ -125,7 +125,6 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
                                                     cfg.parallel, cfg.run.seed, fp8=cfg.precision.fp8,
                                                     fp8_head=cfg.precision.fp8_head,
-                                                    fp8_fast_accum=cfg.precision.fp8_fast_accum,
                                                     fused_loss=cfg.kernels.fused_loss)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)

@@ -106,10 +106,9 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
                "CPU autocast is usually slower than fp32 without native bf16/fp16 matmul units"))
     c.set("precision", "dtype", resolve_dtype(asked, facts.device),
           "" if asked == "auto" else "this GPU has no bf16; fp16 with loss scaling instead")
-    for key in ("fp8_head", "fp8_fast_accum"):  # modifiers of the FP8 recipe: nothing to modify without one
-        if getattr(c.cfg.precision, key) and c.cfg.precision.fp8 == "off":
-            raise UserError(f"precision.{key} = true modifies FP8 training, but precision.fp8 = \"off\"; set "
-                            f"precision.fp8=\"tensorwise\" (or \"rowwise\"), or precision.{key}=false")
+    if c.cfg.precision.fp8_head and c.cfg.precision.fp8 == "off":
+        raise UserError("precision.fp8_head = true puts the head in FP8 with the other linears, but precision.fp8 "
+                        "= \"off\"; set precision.fp8=\"tensorwise\" (or \"rowwise\"), or precision.fp8_head=false")
     if c.cfg.precision.fp8_head and c.cfg.kernels.fused_loss:
         raise UserError("precision.fp8_head = true: kernels.fused_loss computes the head's matmul itself (in bf16), "
                         "so the FP8 head would never run; set kernels.fused_loss=false")

@@ -8,7 +8,6 @@ own tables).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Callable
 
@@ -79,23 +78,18 @@ def fp8_filter(recipe: str, head: nn.Module | None, skip_weights: set[int]) -> C
     return keep
 
 
-def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False, fast_accum: bool = False) -> int:
+def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> int:
     """Swap the model's large linears for torchao's Float8Linear, in place; returns how many were swapped.
-    The output layer stays as it is unless `head` (precision.fp8_head); `fast_accum` (precision.fp8_fast_accum)
-    turns on fast accumulation in the grad-input matmul as well as the output's. Under FSDP2
-    with "tensorwise", weights are all-gathered in FP8 (torchao's float8 all-gather).
+    The output layer stays as it is unless `head` (precision.fp8_head). Under FSDP2 with "tensorwise",
+    weights are all-gathered in FP8 (torchao's float8 all-gather).
     Usage: `apply_fp8(model, "rowwise", fsdp=False)`."""
     if recipe == "off":
         return 0
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from torchao.float8.config import Float8GemmConfig
 
     config = Float8LinearConfig.from_recipe_name(recipe)
     if fsdp and recipe == "tensorwise":  # the tensorwise recipe (torchao's defaults) + FP8 all-gather
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-    if fast_accum:  # not grad-weight's: its sums run over every token of the batch (measured: +0.9 % val loss)
-        fast = Float8GemmConfig(use_fast_accum=True)
-        config = dataclasses.replace(config, gemm_config_output=fast, gemm_config_grad_input=fast)
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     out = output_layer(model)
     if head:
@@ -106,8 +100,7 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False, fas
                                config=config)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     say(f"fp8: {recipe} scaling on {n} of {total} linear layers, the output head "
-        f"{'included' if head else 'kept in bf16'}{', fast accumulation forward and grad-input' if fast_accum else ''} "
-        f"(the rest too small to gain, or tied)")
+        f"{'included' if head else 'kept in bf16'} (the rest too small to gain, or tied)")
     return n
 
 

@@ -27,9 +27,6 @@ class PrecisionConfig:
     fp8_head: bool = False
     """Also the output layer (LM head, tied or not) in FP8; kept in bf16 by default, as torchao and its users do.
     A large-vocabulary head is much of the FLOPs (llama-1b: 1.07x tok/s); needs kernels.fused_loss = false."""
-    fp8_fast_accum: bool = False
-    """Fast accumulation in the grad-input FP8 matmul too (torchao's recipes: the forward one only); faster, at a
-    measured cost in val loss (docs/benchmarks.md, "FP8 convergence")."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
