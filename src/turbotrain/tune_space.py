@@ -29,8 +29,13 @@ OPT_STATE_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}  # fp32 optimizer state per 
 FIT_MARGIN = 0.92  # of device memory: the allocator's fragmentation and the CUDA context need the rest
 COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 60.0}  # a first compile, before any was measured
 AUTOTUNE_COMPILE_FACTOR = 10  # max-autotune benchmarks kernel variants per op: many default compiles' time
-NUMERICS_KEYS = ("precision.dtype", "precision.fp8")  # keys whose change changes the rounding of the math
+# keys whose change changes the rounding of the math
+NUMERICS_KEYS = ("precision.dtype", "precision.fp8", "precision.fp8_head")
 FP8_RECIPES = ("tensorwise", "rowwise")  # tensorwise first: 1.15x bf16 on llama-1b (H200), rowwise 1.01x
+# tensorwise with the output layer in FP8 too: 1.07x tensorwise on llama-1b (H200); the fused loss would compute
+# the head itself in bf16, so it is off
+FP8_HEAD = {"precision.dtype": "bf16", "precision.fp8": "tensorwise", "precision.fp8_head": True,
+            "kernels.fused_loss": False}
 # the SDPA backends' hardware floors, as torch's sdp_utils checks them (cuDNN and flash: sm80+)
 SDPA_MIN_CAPABILITY = {"cudnn": (8, 0), "flash": (8, 0), "efficient": (5, 0)}
 
@@ -54,6 +59,7 @@ class Probe:
     capacity_bytes: int  # device (or host) memory per process
     fused_loss: bool = False  # the resolver accepts kernels.fused_loss (model protocol, cross-entropy, not sharded)
     fp8: bool = False  # the resolver accepts precision.fp8 with bf16 (an FP8 GPU, torchao importable)
+    fp8_head: bool = False  # ... and precision.fp8_head, and the model's output layer can be converted
     attention_backends: tuple[str, ...] = ()  # explicit SDPA backends this GPU runs
     hsdp_shards: tuple[int, ...] = ()  # HSDP shard-group sizes (1 < size < world) the resolver accepts
 
@@ -143,21 +149,26 @@ def probe_workload(cfg: Config, nproc: int = 1) -> tuple[Probe, Config]:
                   has_attention=on_gpu and _uses_sdpa(model, train_ds), in_memory=facts.in_memory_bytes is not None,
                   cpus=facts.cpus, builtin_optimizer=eff.train.optimizer in OPTIMIZERS,
                   static_bytes=n_params * (8 + OPT_STATE_BYTES.get(eff.train.optimizer, 8)),
-                  capacity_bytes=_capacity(device, nproc), **levers(cfg, eff, facts))
+                  capacity_bytes=_capacity(device, nproc), **levers(cfg, eff, facts, model))
     return probe, eff
 
 
-def levers(cfg: Config, eff: Config, facts) -> dict[str, Any]:
+def levers(cfg: Config, eff: Config, facts, model: nn.Module) -> dict[str, Any]:
     """Which of the model- and device-dependent levers apply (Probe's fields of the same names): each where
     `resolve` accepts the requested config with it set, so the resolver's rules decide (fused loss: the
     model's `hidden` + bias-free `head`, cross-entropy, not under fsdp/hsdp/pipeline; FP8: an sm89+ GPU,
-    bf16, torchao; HSDP: a world that is a whole number of shard groups). Usage: `Probe(..., **levers(...))`."""
-    from turbotrain.distributed.parallel import SHARDED
+    bf16, torchao; the head in FP8: those, the fused loss off and an output layer FP8 can take; HSDP: a world
+    that is a whole number of shard groups). Usage: `Probe(..., **levers(cfg, eff, facts, model))`."""
+    from turbotrain.accel.fp8 import head_convertible
+    from turbotrain.distributed.parallel import SHARDED, fsdp_sharded
 
     world, gpu = facts.world_size, facts.device.type == "cuda"
     shards = tuple(s for s in range(world - 1, 1, -1) if world % s == 0) if eff.parallel.strategy in SHARDED else ()
+    fp8 = gpu and _accepts(cfg, facts, {"precision.dtype": "bf16", "precision.fp8": FP8_RECIPES[0]})
     return {"fused_loss": _accepts(cfg, facts, {"kernels.fused_loss": True}),
-            "fp8": gpu and _accepts(cfg, facts, {"precision.dtype": "bf16", "precision.fp8": FP8_RECIPES[0]}),
+            "fp8": fp8,
+            "fp8_head": fp8 and _accepts(cfg, facts, FP8_HEAD) and head_convertible(
+                model, fsdp_fp8_gather=fsdp_sharded(eff.parallel, world)),
             "attention_backends": _sdpa_backends(facts.device) if gpu else (),
             "hsdp_shards": tuple(s for s in shards if _accepts(cfg, facts, {"parallel.strategy": "hsdp",
                                                                           "parallel.shard_size": s}))}
@@ -256,14 +267,18 @@ def _fp8(ctx: Ctx) -> list[Candidate]:
     fuses the FP8 casts (eager, they may cost more than the FP8 matmuls save)."""
     if not (ctx.probe.fp8 and ctx.allow_fp8):
         return []
-    return _only_new(ctx, [Candidate(f"fp8 {r}", {"precision.dtype": "bf16", "precision.fp8": r}, numerics=True)
-                           for r in FP8_RECIPES])
+    plain = {"precision.fp8_head": False} if ctx.value("precision.fp8_head") else {}
+    cands = [Candidate(f"fp8 {r}", {"precision.dtype": "bf16", "precision.fp8": r, **plain}, numerics=True)
+             for r in FP8_RECIPES]
+    if ctx.probe.fp8_head:
+        cands.insert(1, Candidate("fp8 tensorwise + head", FP8_HEAD, numerics=True))
+    return _only_new(ctx, cands)
 
 
 def _fused_loss(ctx: Ctx) -> list[Candidate]:
     """The head and cross-entropy as one chunked op, as a speed candidate (on, or off where the input has it
     on); as a memory lever it is tried again in the memory dimension, before checkpointing."""
-    if not ctx.probe.fused_loss:
+    if not ctx.probe.fused_loss or ctx.value("precision.fp8_head"):  # the FP8 head needs it off
         return []
     on = not ctx.value("kernels.fused_loss")
     return [Candidate(f"fused loss {'on' if on else 'off'}", {"kernels.fused_loss": on})]
@@ -302,7 +317,7 @@ def _memory(ctx: Ctx) -> list[Candidate]:
     policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
     ok = [] if p.has_batchnorm else [m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8)
                                      if 1 <= m <= per_device and per_device % m == 0]
-    fused = p.fused_loss and not ctx.value("kernels.fused_loss")
+    fused = p.fused_loss and not ctx.value("kernels.fused_loss") and not ctx.value("precision.fp8_head")
     larger = [c for m in ok if m > m0 for c in _micro_levers(ctx, m, per_device, policies[policies.index(ckpt0):],
                                                              fused)]
     tight = not ctx.best_fits or ckpt0 != "none"

@@ -42,12 +42,13 @@ def _space(preset: str, model_cfg: ModelConfig, device: torch.device, overrides=
            allow_fp8: bool = False, **probe) -> tuple[Probe, Ctx, dict[str, list]]:
     """The probe's levers for a real (tiny) model on `device`, and each dimension's candidates."""
     cfg = load_config(preset, ["compile.enabled=false", *overrides])
-    facts = facts_of(device, build_model(model_cfg), None, {}, world, world)
+    model = build_model(model_cfg)
+    facts = facts_of(device, model, None, {}, world, world)
     eff = resolve(cfg, facts)
     base = dict(on_gpu=device.type == "cuda", bf16=True, world_size=world, strategy=eff.parallel.strategy,
                 has_conv=False, has_blocks=True, has_batchnorm=False, has_attention=device.type == "cuda",
                 in_memory=True, cpus=4, builtin_optimizer=True, static_bytes=1 << 30, capacity_bytes=80 << 30)
-    p = Probe(**{**base, **probe, **levers(cfg, eff, facts)})
+    p = Probe(**{**base, **probe, **levers(cfg, eff, facts, model)})
     ctx = Ctx(p, eff, allow_fp8=allow_fp8)
     return p, ctx, {d.name: d.build(ctx) for d in dimensions(p)}
 
@@ -69,6 +70,32 @@ def test_a_gpt_on_an_fp8_gpu_gets_fused_loss_and_fp8_only_when_allowed(gpu, torc
     names = [d.name for d in dimensions(p)]
     assert names.index("compile") < names.index("fp8") < names.index("fused loss") < names.index(
         "micro-batch x accumulation, checkpointing")
+
+
+def test_the_head_in_fp8_is_a_candidate_where_the_head_can_take_it(gpu, torchao):
+    """A head of multiple-of-16 dims: "fp8 tensorwise + head" after plain tensorwise, with the fused loss off (it
+    would compute the head in bf16); once it is the best, no fused-loss candidate turns the loss back on."""
+    gpt64 = ModelConfig("gpt", {**TINY_GPT.args, "vocab_size": 64})
+    p, ctx, cands = _space("gpt-shakespeare", gpt64, gpu((9, 0)), allow_fp8=True)
+    assert p.fp8_head and [c.label for c in cands["fp8"]] == ["fp8 tensorwise", "fp8 tensorwise + head", "fp8 rowwise"]
+    head = cands["fp8"][1]
+    assert head.numerics and head.changes == {"precision.dtype": "bf16", "precision.fp8": "tensorwise",
+                                              "precision.fp8_head": True, "kernels.fused_loss": False}
+    ctx.best = dict(head.changes)
+    for d in dimensions(p):
+        built = d.build(ctx)
+        assert not any(c.changes.get("kernels.fused_loss") for c in built), d.name
+    ctx.best_fits = False  # memory is the problem: still no fused loss under the FP8 head
+    mem = next(d for d in dimensions(p) if d.makes_fit).build(ctx)
+    assert mem and not any(c.changes.get("kernels.fused_loss") for c in mem)
+    # the input has the head in FP8 already: the plain recipes are the candidates, and they turn it off
+    _, _, cands = _space("gpt-shakespeare", gpt64, gpu((9, 0)), ['precision.fp8="tensorwise"',
+                                                                 "precision.fp8_head=true"], allow_fp8=True)
+    assert [(c.label, c.changes["precision.fp8_head"]) for c in cands["fp8"]] == [("fp8 tensorwise", False),
+                                                                                  ("fp8 rowwise", False)]
+    # a 65-wide head (FP8 needs multiples of 16), or no FP8 at all: no head candidate
+    assert not _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), allow_fp8=True)[0].fp8_head
+    assert not _space("gpt-shakespeare", gpt64, gpu((8, 0)), allow_fp8=True)[0].fp8_head
 
 
 def test_fp8_needs_sm89_torchao_and_a_gpu(gpu, torchao, monkeypatch):

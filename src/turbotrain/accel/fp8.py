@@ -104,6 +104,16 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> 
     return n
 
 
+def head_convertible(model: nn.Module, fsdp_fp8_gather: bool) -> bool:
+    """Would precision.fp8_head be accepted on this built model (`tune` asks before it tries it)?"""
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    try:
+        _check_head(output_layer(model), tied, fsdp_fp8_gather)
+    except UserError:
+        return False
+    return True
+
+
 def _check_head(out: nn.Module | None, tied: set[int], fsdp_fp8_gather: bool) -> None:
     """precision.fp8_head's refusals, found on the built model."""
     if out is None:
