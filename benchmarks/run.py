@@ -88,7 +88,7 @@ FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "ch
 # issue 16's FP8 convergence check: a narrower Llama (4 layers, D 1536, SwiGLU 6144: wide enough that torchao's
 # size filter converts its MLP up/gate projections under rowwise and every linear under tensorwise) on Shakespeare
 # in byte-level BPE subwords (4,096, trained on the train split: a real LM head, which characters are not), at
-# lr 6e-4 (at 2e-3 bf16 itself moved 1.6 % between runs) and 40 eval batches (val loss noise ~0.2 %)
+# lr 6e-4 (at 2e-3 bf16 itself moved 1.6 % between runs) and 40 eval batches (bf16 seed 0: 0.2 % spread over four runs)
 FP8_CONVERGE = ["data.name=text", "data.args.path='.data/shakespeare/shakespeare.txt'",
                 "data.args.tokens='.data/bpe/tokenizer.json'", "data.batch_size=8", "train.lr=6e-4",
                 "train.steps=1000", "train.eval_every=250", "data.eval_batches=40", "checkpoint.every=0",
@@ -235,7 +235,7 @@ def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") 
                                                   "--fp8", "--steps", "30", "--warmup-steps", "5", "--windows", "3"))]),
         "fp8-converge": Suite(
             "issue 16: val loss of FP8 (tensorwise, tensorwise + head) vs bf16 after 1,000 steps of a narrower Llama "
-            "on Shakespeare BPE, seeds 0-2, one after another (the 2026-11-24 table ran them at once: its run.sh); "
+            "on Shakespeare BPE, seeds 0-2, one after another (the 2026-11-24 table ran them at once: its c.sh); "
             "carry .wheels and .data with bpe/tokenizer.json from `python benchmarks/shakespeare_bpe.py "
             ".data/bpe/tokenizer.json`)",
             "nvidia-h200",

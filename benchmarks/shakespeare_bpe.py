@@ -1,5 +1,6 @@
-"""A byte-level BPE tokenizer for Shakespeare's works, trained on the train split only (the first 90 % of the
-text, as data.args.val_fraction = 0.1 cuts it), written as a tokenizer.json for `data.name = "text"`.
+"""A byte-level BPE tokenizer for Shakespeare's works, trained on the first 90 % of the characters (the text
+dataset's data.args.val_fraction = 0.1 cuts its token stream near there), written as a tokenizer.json for
+`data.name = "text"`.
 
 Why: the character-level workload's head (65 outputs) is too narrow for FP8, so FP8's convergence check with the
 head in FP8 (precision.fp8_head) needs a subword vocabulary; 4,096 tokens is a multiple of 16 (FP8 matmuls) and

@@ -90,7 +90,7 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> 
     config = Float8LinearConfig.from_recipe_name(recipe)
     if fsdp and recipe == "tensorwise":  # the tensorwise recipe (torchao's defaults) + FP8 all-gather
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    tied = _embedding_weights(model)
     out = output_layer(model)
     if head:
         _check_head(out, tied, config.enable_fsdp_float8_all_gather)
@@ -106,12 +106,16 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> 
 
 def head_convertible(model: nn.Module, fsdp_fp8_gather: bool) -> bool:
     """Would precision.fp8_head be accepted on this built model (`tune` asks before it tries it)?"""
-    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     try:
-        _check_head(output_layer(model), tied, fsdp_fp8_gather)
+        _check_head(output_layer(model), _embedding_weights(model), fsdp_fp8_gather)
     except UserError:
         return False
     return True
+
+
+def _embedding_weights(model: nn.Module) -> set[int]:
+    """Ids of the embeddings' weights: a linear sharing one is tied to it."""
+    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
 
 
 def _check_head(out: nn.Module | None, tied: set[int], fsdp_fp8_gather: bool) -> None:
