@@ -172,6 +172,16 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float,
     return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=0.9, **kernel)
 
 
+def check_optimizer_covers(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Refuse a run whose optimizer misses a trainable parameter of the model it steps: a framework that swaps
+    parameters while wrapping (Accelerate's FP8 on one GPU) would leave those layers untrained and time less work."""
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if missing:
+        raise SystemExit(f"the optimizer does not hold {len(missing)} trainable parameters of the model "
+                         f"(e.g. {', '.join(missing[:3])}): build it from the prepared model")
+
+
 def warmup_cosine(opt: torch.optim.Optimizer, warmup: int, total: int, floor: float = 0.1):
     """Linear warm-up to the peak LR, then cosine decay to `floor` × peak at `total` steps."""
     def factor(step: int) -> float:

@@ -13,7 +13,12 @@ and for the convnet channels_last and `cudnn.benchmark` (common.py), TF32 for th
     PYTHONPATH=src python benchmarks/baselines/peer.py --framework accelerate --workload llama --fp8
 
 --fp8 (Accelerate, llama): Accelerate's own FP8 backend on torchao (`mixed_precision="fp8"` with
-`AORecipeKwargs()`, its documented defaults), on top of the same compile.
+`AORecipeKwargs()`, its documented defaults), on top of the same compile. Those defaults turn on torchao's FSDP
+float8 all-gather even on one GPU, which swaps each converted linear's weight for a new Parameter (a float8-cast
+wrapper) during `prepare`; an optimizer built before `prepare` keeps the old ones and never updates those layers
+(Accelerate remaps optimizer parameters only under FSDP2 and XLA). So the model is prepared first and the
+optimizer is built from the prepared model's parameters; every run checks that its optimizer holds every
+trainable parameter of the model it steps.
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     kind, lr, wd = ("adamw", args.lr or (3e-4 if known.workload == "llama" else 6e-4), 0.1) if gpt else \
         ("sgd", args.lr or 0.1, 5e-5)
     module = work.module
-    opt = common.build_optimizer(module, kind, lr, wd, fused=not args.no_fused)
+    optimizer = lambda m: common.build_optimizer(m, kind, lr, wd, fused=not args.no_fused)  # noqa: E731
 
     if known.framework == "accelerate":
         from accelerate import Accelerator
@@ -64,15 +69,20 @@ def main(argv: list[str] | None = None) -> dict:
             handlers = [AORecipeKwargs()]
         acc = Accelerator(mixed_precision=("fp8" if known.fp8 else "bf16") if cuda else "no", cpu=not cuda,
                           dynamo_plugin=dynamo, kwargs_handlers=handlers)
-        model, opt = acc.prepare(module, opt)
+        if known.fp8:  # the FP8 conversion replaces weight Parameters: the optimizer is built after it
+            model = acc.prepare(module)
+            opt = acc.prepare(optimizer(model))
+        else:
+            model, opt = acc.prepare(module, optimizer(module))
         backward, clip = acc.backward, (lambda: acc.clip_grad_norm_(model.parameters(), args.clip))
     else:
         from lightning.fabric import Fabric
 
         fabric = Fabric(accelerator="cuda" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true")
         compiled = common.maybe_compile(module, args.compile_mode)
-        model, opt = fabric.setup(compiled, opt)
+        model, opt = fabric.setup(compiled, optimizer(module))
         backward, clip = fabric.backward, (lambda: fabric.clip_gradients(model, opt, max_norm=args.clip))
+    common.check_optimizer_covers(model, opt)
     sched = common.warmup_cosine(opt, args.schedule_warmup, args.warmup_steps + args.steps)
 
     def step() -> torch.Tensor:
