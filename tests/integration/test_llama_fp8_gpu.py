@@ -20,15 +20,20 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")]
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_fp8_tracks_bf16(recipe):
+@pytest.mark.parametrize("recipe,head", [("tensorwise", False), ("rowwise", False), ("tensorwise", True)])
+def test_fp8_tracks_bf16(recipe, head):
+    """The head case (precision.fp8_head) converts the tied 2048 x 4096 output layer too; the tie must hold."""
     from turbotrain.accel.fp8 import apply_fp8
 
     def loss_and_grads(fp8: str):
         torch.manual_seed(0)
         m = llama.build(vocab_size=4096, block_size=256, n_layer=2, n_head=16, n_kv_head=4, n_embd=2048,
                         ffn_hidden=8192).cuda()
-        assert apply_fp8(m, fp8, fsdp=False) > 0 or fp8 == "off"
+        tied = m.head.weight is m.tok_emb.weight
+        assert apply_fp8(m, fp8, fsdp=False, head=head and fp8 != "off") > 0 or fp8 == "off"
+        assert (m.head.weight is m.tok_emb.weight) == tied
+        if head and fp8 != "off":
+            assert type(m.head).__name__ == "Float8Linear"
         # 4 x 256 rows: FP8 matmuls need every dimension a multiple of 16, the tokens too
         idx = torch.randint(0, 4096, (4, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -42,7 +47,10 @@ def test_fp8_tracks_bf16(recipe):
     assert F.cosine_similarity(grad, ref_grad, dim=0).item() > 0.98
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+HEAD_ON = ["precision.fp8_head=true", "kernels.fused_loss=false"]  # the fused loss would compute the head in bf16
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "tensorwise+head"])
 def test_fp8_llama_trains_compiled(tmp_path, recipe):
     """llama-1b's wiring (compile, fused AdamW, bf16) with 2 layers, on a stream where each token fixes the next
     ((t + 7) mod 512): the loss must fall well below ln(512) = 6.24."""
@@ -52,8 +60,8 @@ def test_fp8_llama_trains_compiled(tmp_path, recipe):
     stream = TokenWindows((torch.arange(64 * 2048 + 1) * 7 % 512).to(torch.int32), 2048, vocab_size=512)
     cfg = load_config("llama-1b", ["model.args.n_layer=2", "model.args.vocab_size=512", "data.args.vocab_size=512",
                                    "train.steps=20", "train.lr=1e-3", "train.log_every=1", "train.warmup_steps=2",
-                                   f'precision.fp8="{recipe}"', f"run.out_dir={str(tmp_path)!r}",
-                                   "data.eval_batches=0"])
+                                   f'precision.fp8="{recipe.removesuffix("+head")}"', f"run.out_dir={str(tmp_path)!r}",
+                                   "data.eval_batches=0", *(HEAD_ON if "+head" in recipe else [])])
     train(cfg, train_data=stream)
     rows = [json.loads(line) for line in open(tmp_path / "llama-1b" / "metrics.jsonl")]
     loss = [r["loss"] for r in rows if "loss" in r]
