@@ -1,14 +1,18 @@
 """The peer baselines' fairness guard: a run whose optimizer misses a trainable parameter is refused. The case it
 exists for: torchao's FP8 conversion with FSDP float8 all-gather on (Accelerate's AORecipeKwargs default, even on
 one GPU) swaps each converted weight for a new Parameter, so an optimizer built before it never trains them."""
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "baselines"))
-import common  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "peer_baselines_common", Path(__file__).resolve().parents[2] / "benchmarks" / "baselines" / "common.py")
+common = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = common  # its dataclasses look their module up
+_spec.loader.exec_module(common)
 
 
 def _model() -> torch.nn.Module:
