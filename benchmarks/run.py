@@ -110,7 +110,8 @@ EDGE = ["model.args.n_layer=24", "model.args.n_embd=1024", "model.args.n_head=16
         "precision.dtype=bf16", "compile.enabled=true", 'compile.mode="default"', "kernels.fused_loss=false"]
 FASTER_GPT = {"preset": [], "no_fused_loss": ["kernels.fused_loss=false"],
               "attention_default": ['kernels.attention="default"'],
-              "neither": ["kernels.fused_loss=false", 'kernels.attention="default"']}
+              "neither": ["kernels.fused_loss=false", 'kernels.attention="default"'],
+              "coordinate_descent": ["compile.coordinate_descent_tuning=true"]}
 
 
 def compile_cache_runs(out: str, phase: str, after: str) -> list[Cmd]:
@@ -216,6 +217,9 @@ def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") 
             "compile mode, channels_last and cudnn.benchmark, in one call", "nvidia-h200",
             [Cmd("tt_resnet", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true", out,
                                  "run.name=resnet")),
+             Cmd("tt_resnet_coordinate_descent", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true",
+                                                    "compile.coordinate_descent_tuning=true", out,
+                                                    "run.name=resnet_cdt")),
              *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
                for c in resnet_peers if "eager" not in c.label]]),
         "faster-llama": Suite(

@@ -82,7 +82,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, on_gpu)
-    _check_fused_loss(c.cfg, facts)
+    _resolve_fused_loss(c, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -109,9 +109,8 @@ def _resolve_precision(c: _Changes, facts: Facts) -> None:
     if c.cfg.precision.fp8_head and c.cfg.precision.fp8 == "off":
         raise UserError("precision.fp8_head = true puts the head in FP8 with the other linears, but precision.fp8 "
                         "= \"off\"; set precision.fp8=\"tensorwise\" (or \"rowwise\"), or precision.fp8_head=false")
-    if c.cfg.precision.fp8_head and c.cfg.kernels.fused_loss:
-        raise UserError("precision.fp8_head = true: kernels.fused_loss computes the head's matmul itself (in bf16), "
-                        "so the FP8 head would never run; set kernels.fused_loss=false")
+    if c.cfg.precision.fp8_head and c.cfg.kernels.fused_loss is True:  # a conflict: said before the device check
+        raise UserError(f"kernels.fused_loss = true {_fused_loss_blocker(c.cfg, facts)}")
     check_fp8(c.cfg.precision.fp8, facts.device, c.cfg.precision.dtype)
     if c.cfg.precision.fp8 != "off" and not c.cfg.compile.enabled:
         say(f"warning: precision.fp8 = \"{c.cfg.precision.fp8}\" without compile.enabled: the FP8 casts run "
@@ -245,21 +244,36 @@ def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
 
 
-def _check_fused_loss(cfg: Config, facts: Facts) -> None:
-    if not cfg.kernels.fused_loss:
+def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:
+    """"auto" turns the fused loss on where it applies; an explicit true where it cannot is an error."""
+    cfg = c.cfg
+    if cfg.kernels.fused_loss is False:
         return
+    blocker = _fused_loss_blocker(cfg, facts)
+    if cfg.kernels.fused_loss == "auto":
+        c.set("kernels", "fused_loss", blocker is None)
+    elif blocker:
+        raise UserError(f"kernels.fused_loss = true {blocker}")
+
+
+def _fused_loss_blocker(cfg: Config, facts: Facts) -> str | None:
+    """Why the fused loss cannot run with this config and model (the rest of an error line), or None."""
     if not facts.fused_loss_ready:
-        raise UserError("kernels.fused_loss = true needs a model with `hidden(idx)` (final-normed hidden states) and "
-                        "a bias-free nn.Linear `head`; set kernels.fused_loss=false")
+        return ("needs a model with `hidden(idx)` (final-normed hidden states) and a bias-free nn.Linear `head`; "
+                "set kernels.fused_loss=false")
     if cfg.train.loss != "cross_entropy":
-        raise UserError(f"kernels.fused_loss = true fuses the head with cross-entropy, not train.loss = "
-                        f"{show_value(cfg.train.loss)}; set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
+        return (f"fuses the head with cross-entropy, not train.loss = {show_value(cfg.train.loss)}; "
+                "set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
     if cfg.parallel.strategy in ("fsdp", "hsdp"):
-        raise UserError("kernels.fused_loss = true calls the model's `hidden` and `head` apart, which FSDP2's "
-                        "forward hooks do not cover; use parallel.strategy=\"ddp\" or kernels.fused_loss=false")
+        return ("calls the model's `hidden` and `head` apart, which FSDP2's forward hooks do not cover; "
+                "use parallel.strategy=\"ddp\" or kernels.fused_loss=false")
     if cfg.parallel.strategy == "pipeline":
-        raise UserError("kernels.fused_loss = true: the pipeline's last stage computes its loss from the logits; "
-                        "set kernels.fused_loss=false under parallel.strategy=\"pipeline\"")
+        return ("cannot run under parallel.strategy=\"pipeline\": the last stage computes its loss from the "
+                "logits; set kernels.fused_loss=false")
+    if cfg.precision.fp8_head:
+        return ("computes the head's matmul itself (in bf16), so precision.fp8_head would never run; "
+                "set kernels.fused_loss=false")
+    return None
 
 
 def effective_config(cfg: Config) -> Config:

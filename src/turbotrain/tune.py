@@ -31,7 +31,6 @@ from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import say
 from turbotrain.tune_space import (
-    AUTOTUNE_COMPILE_FACTOR,
     COMPILE_GUESS_S,
     NUMERICS_KEYS,
     Candidate,
@@ -228,7 +227,7 @@ class Search:
         need = self.trial_s
         if cand.compile:
             guess = self.compile_s or COMPILE_GUESS_S["cuda" if self.ctx.probe.on_gpu else "cpu"]
-            need += guess * (AUTOTUNE_COMPILE_FACTOR if "autotune" in cand.label else 1)
+            need += guess * cand.compile_factor
         left = self._search_left()
         return f"budget: needs ~{need:.0f} s, {max(0.0, left):.0f} s left for the search" if need > left else None
 

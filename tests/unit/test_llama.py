@@ -227,13 +227,18 @@ def test_fp8_head_refusals(net, fsdp, match):
 
 
 def test_fp8_head_conflicts_refused_before_the_device(capsys, tmp_path):
-    """Config conflicts: said on any machine, before FP8's GPU check."""
-    for extra, says in ((["precision.fp8_head=true"], 'but precision.fp8 = "off"; set precision.fp8="tensorwise"'),
-                        (["precision.fp8_head=true", 'precision.fp8="tensorwise"'],
-                         "kernels.fused_loss computes the head's matmul itself")):
+    """Config conflicts: said on any machine, before FP8's GPU check. The preset's fused loss is "auto", which
+    turns off for the FP8 head: only an explicit true conflicts, and without a conflict the CPU is what is refused."""
+    fp8 = ["precision.fp8_head=true", 'precision.fp8="tensorwise"']
+    for extra, starts, says in (
+            (["precision.fp8_head=true"], "precision.fp8_head = true",
+             'but precision.fp8 = "off"; set precision.fp8="tensorwise"'),
+            ([*fp8, "kernels.fused_loss=true"], "kernels.fused_loss = true",
+             "precision.fp8_head would never run; set kernels.fused_loss=false"),
+            (fp8, "precision.fp8", "GPU")):
         rc = main(["train", "llama-1b", *TINY_ARGS, *extra, f"run.out_dir={str(tmp_path)!r}"])
         err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and err[-1].startswith("error: precision.fp8_head = true") and says in err[-1]
+        assert rc == 2 and err[-1].startswith(f"error: {starts}") and says in err[-1], err[-1]
 
 
 def test_llama_8b_preset_builds_on_meta_with_8b_params():

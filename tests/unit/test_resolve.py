@@ -71,3 +71,19 @@ def test_async_save_is_for_sharded_checkpoints():
         resolve(load_config("gpt2-124m", ["checkpoint.async_save=true", "parallel.strategy=\"ddp\""]), facts)
     cfg = resolve(load_config("gpt2-124m", ["checkpoint.async_save=true", "parallel.strategy=\"fsdp\""]), facts)
     assert cfg.checkpoint.async_save is True
+
+
+def test_fused_loss_auto_is_on_exactly_where_an_explicit_true_would_run(capsys):
+    """"auto" (the LM presets) becomes true where the fused loss applies and false, quietly, where an explicit
+    true is refused with one error line: a model without `hidden` + `head`, another loss, FSDP2, the FP8 head."""
+    ready = dict(device=CPU, block_params=(7,) * 12, fused_loss_ready=True)
+    cases = [({}, [], True), ({"fused_loss_ready": False}, [], False), ({}, ['train.loss="mse"'], False),
+             ({"world_size": 2}, ['parallel.strategy="fsdp"'], False),
+             ({"world_size": 2}, ['parallel.strategy="ddp"'], True)]
+    for facts, overrides, on in cases:
+        f = Facts(**{**ready, **facts})
+        assert resolve(load_config("gpt2-124m", overrides), f).kernels.fused_loss is on, (facts, overrides)
+        if not on:
+            with pytest.raises(UserError, match=r"^kernels.fused_loss = true .*kernels.fused_loss=false"):
+                resolve(load_config("gpt2-124m", [*overrides, "kernels.fused_loss=true"]), f)
+    assert "kernels.fused_loss" not in capsys.readouterr().out  # auto resolves quietly (config.toml shows it)

@@ -210,3 +210,23 @@ def test_tuned_toml_says_fp8_changes_the_numerics():
                                             "samples_per_s": 115.0}}
     line = next(ln for ln in tuned_toml(result).splitlines() if ln.startswith("fp8"))
     assert 'fp8 = "tensorwise"' in line and "changes the numerics" in line and "1.15x" in line
+
+
+def test_compiler_kernel_tuning_keeps_the_best_compile_and_is_budgeted_as_several_compiles(gpu):
+    """Coordinate-descent tuning is tried on the compile mode and scope found so far (CUDA graphs stay on), before
+    max-autotune; each candidate says how many plain compiles its compile costs, and the max-autotune one keeps
+    the scope it is given."""
+    from turbotrain.tune_space import AUTOTUNE_COMPILE_FACTOR, CDT_COMPILE_FACTOR
+
+    _, ctx, _ = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)))
+    tuning = next(d for d in dimensions(ctx.probe) if d.name == "compiler kernel tuning")
+    ctx.best = {"compile.enabled": True, "compile.mode": "reduce-overhead", "compile.scope": "blocks"}
+    cdt, mat = tuning.build(ctx)
+    assert cdt.changes == {"compile.enabled": True, "compile.mode": "reduce-overhead", "compile.scope": "blocks",
+                           "compile.coordinate_descent_tuning": True}
+    assert mat.changes["compile.mode"] == "max-autotune-no-cudagraphs" and mat.changes["compile.scope"] == "blocks"
+    assert (cdt.compile, cdt.compile_factor, mat.compile_factor) == (True, CDT_COMPILE_FACTOR, AUTOTUNE_COMPILE_FACTOR)
+    assert 1 < CDT_COMPILE_FACTOR < AUTOTUNE_COMPILE_FACTOR  # measured: several plain compiles, fewer than max-autotune
+    ctx.best = {}  # compile off so far (the fixture's input): tuning brings compile on, in its default mode
+    cdt, _ = tuning.build(ctx)
+    assert cdt.changes["compile.enabled"] is True and cdt.changes["compile.mode"] == "default"

@@ -42,8 +42,10 @@ class KernelsConfig:
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math"] = "default"
     """SDPA backend ("auto": fastest measured on the GPU, torch's choice on a CPU); backends before it in the
     chain cudnn → flash → efficient → math are disabled, those after it serve shapes it cannot."""
-    fused_loss: bool = False
-    """LM head + cross-entropy as one chunked op (Triton on GPU), no full logits; needs model `hidden` and `head`."""
+    fused_loss: bool | Literal["auto"] = False
+    """LM head + cross-entropy as one op (Triton on GPU): no fp32 logits, gradients computed in the forward;
+    needs model `hidden` and a bias-free `head`, cross-entropy, no FSDP2/HSDP/pipeline, the head not in FP8
+    ("auto": on where all of that holds, else off)."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:

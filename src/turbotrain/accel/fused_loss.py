@@ -1,13 +1,13 @@
-"""Fused LM head + cross-entropy (`kernels.fused_loss`): `F.cross_entropy(h @ W.T, y)` without the
-[tokens × vocab] logits tensor of the whole batch.
+"""Fused LM head + cross-entropy (`kernels.fused_loss`): `F.cross_entropy(h @ W.T, y)` with no fp32
+logits, no second [tokens × vocab] buffer for their gradient, and the logits in chunks of tokens above 2 GiB.
 
 Why this design. The head's matmul is the big cost and cuBLAS does it best, so it stays cuBLAS; what the
 fusion removes is memory traffic and footprint: the unfused path writes the full logits, reads them back
 in fp32 for the softmax, and keeps them (or their fp32 softmax) for backward — at 16k tokens × 128k vocab
-that is 4-8 GB. Here the tokens go in chunks; per chunk:
+that is 4-8 GB. Here the tokens go in chunks (one while the logits fit CHUNK_LOGITS_BYTES); per chunk:
   1. logits = h_c @ W^T (cuBLAS, in the autocast dtype: bf16 where training runs bf16);
-  2. ONE pass per row (a Triton kernel on GPU): logsumexp by online softmax in fp32, the row's loss, and
-     d(logits) = softmax − onehot written over the logits in place — no second buffer;
+  2. per row, a Triton kernel on GPU: logsumexp by online softmax in fp32 and the row's loss (pass 1), then
+     d(logits) = softmax − onehot written over the logits in place (pass 2, the row read again from L2);
   3. grad_h_c = dlogits @ W and grad_W += dlogits^T @ h_c (fp32 accumulator over chunks).
 Forward thus computes the gradients too, and backward only scales them by grad_output / N (one scalar
 multiply it does anyway): the loss is the last op of a step, so the gradients are always wanted and
@@ -31,7 +31,10 @@ import functools
 import torch
 
 IGNORE_INDEX = -100
-CHUNK_LOGITS_BYTES = 256 << 20  # one chunk's logits: large enough for efficient GEMMs, small next to the model
+# One chunk's logits. Each extra chunk costs time (its GEMMs accumulate into grad_W and split K): at Llama-1B's head,
+# 8 chunks of 256 MiB took 23.7 ms a step where one took 21.7 (benchmarks/NOTES.md, session 14). 2 GiB keeps GPT-2's
+# and Llama-1B's micro-batches in one chunk, whose peak is near what the compiled unfused loss holds anyway.
+CHUNK_LOGITS_BYTES = 2 << 30
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -174,7 +177,9 @@ def _triton_rows():
         s = 0.0
         for off in range(0, n_cols, BLOCK):
             cols = off + tl.arange(0, BLOCK)
-            x = tl.load(ptr + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            # evict_last: pass 2 reads the row again, from L2 rather than HBM
+            x = tl.load(ptr + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
+            x = x.to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, 0))
             s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
             m = m_new
@@ -186,15 +191,17 @@ def _triton_rows():
         for off in range(0, n_cols, BLOCK):
             cols = off + tl.arange(0, BLOCK)
             mask = cols < n_cols
-            x = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(ptr + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             g = tl.exp(x - lse)
             g = tl.where(cols == y, g - 1.0, g) * scale
             tl.store(ptr + cols, g.to(logits_ptr.dtype.element_ty), mask=mask)
 
     def launch(logits, target, row_loss, ignore_index):
         n_rows, n_cols = logits.shape
-        block = min(32768, triton.next_power_of_2(n_cols))
+        # swept on an H200 (GPT-2's and Llama-1B's logits): 8192 x 16 warps ran GPT-2's rows in 1.19 ms where
+        # 32768 x 32 took 1.54 (a copy of the same bytes: 0.77); Llama-1B's within 1 % of the best
+        block = min(8192, triton.next_power_of_2(n_cols))
         ce_rows[(n_rows,)](logits, logits.stride(0), target, row_loss, n_cols, ignore_index,
-                           BLOCK=block, num_warps=32 if block >= 8192 else 8)
+                           BLOCK=block, num_warps=16 if block >= 8192 else 4 if block <= 1024 else 8)
 
     return launch

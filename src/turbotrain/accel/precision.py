@@ -26,7 +26,8 @@ class PrecisionConfig:
     "off" | "tensorwise" (fastest; FP8 all-gather under FSDP2) | "rowwise" (closer to bf16's accuracy)."""
     fp8_head: bool = False
     """Also the output layer (LM head, tied or not) in FP8; kept in bf16 by default, as torchao and its users do.
-    A large-vocabulary head is much of the FLOPs (llama-1b: 21 % of its linears'); needs kernels.fused_loss = false."""
+    A large-vocabulary head is much of the FLOPs (llama-1b: 21 % of its linears'); kernels.fused_loss "auto" turns
+    off for it (the fused loss computes the head in bf16), an explicit true is an error."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
