@@ -68,7 +68,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
        the head + cross-entropy as one chunked op (accel/fused_loss.py).
     9. whole-model compile last, over the DDP-wrapped model + loss: dynamo splits the graph at bucket
        boundaries, so each bucket's all-reduce overlaps the rest of backward."""
-    if fused_loss and loss_fn is not cross_entropy:  # a loss passed in code, which the resolver does not see
+    if fused_loss and loss_fn is not cross_entropy:  # the resolver says so first; this guards direct callers
         raise UserError("kernels.fused_loss = true replaces the loss by the fused cross-entropy, but a loss "
                         "function was passed in code; drop it or set kernels.fused_loss=false")
     fused = fused_linear_cross_entropy if fused_loss else None

@@ -26,7 +26,7 @@ from turbotrain.distributed.env import DistEnv, init_distributed
 from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
-from turbotrain.losses import LossFn, resolve_loss
+from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
 from turbotrain.models.structure import WithLoss, find_blocks
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
@@ -90,9 +90,11 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
         build_dataset(cfg.data, "val") if train_data is None else None)
     model, data_args = _build_model(cfg, model, train_ds, strategy, env.world_size)
+    loss_in_code = loss_fn is not None and loss_fn is not cross_entropy
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
-    cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))
+    cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size,
+                                loss_in_code))
     dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
     sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work

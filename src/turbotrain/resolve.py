@@ -36,12 +36,13 @@ class Facts:
     in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
     cpus: int = 1
     fused_loss_ready: bool = False  # the model has `hidden` and a bias-free `head` (models.structure)
+    loss_in_code: bool = False  # the Python API was given a loss function other than the built-in cross-entropy
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
-             local_world: int = 1) -> Facts:
+             local_world: int = 1, loss_in_code: bool = False) -> Facts:
     """Facts from a built (not yet parallelized) model and its training dataset."""
     from turbotrain.data.datasets import TensorDataset
     from turbotrain.distributed.pipeline_parallel import layout_of
@@ -53,7 +54,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
                  cpus=cpus, fused_loss_ready=supports_fused_loss(model), pipeline_layout=layout_of(model) is not None,
-                 on_meta=any(p.is_meta for p in model.parameters()))
+                 on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code)
 
 
 class _Changes:
@@ -261,6 +262,9 @@ def _fused_loss_blocker(cfg: Config, facts: Facts) -> str | None:
     if not facts.fused_loss_ready:
         return ("needs a model with `hidden(idx)` (final-normed hidden states) and a bias-free nn.Linear `head`; "
                 "set kernels.fused_loss=false")
+    if facts.loss_in_code:
+        return "replaces the loss by the fused cross-entropy, but a loss function was passed in code; " \
+               "drop it or set kernels.fused_loss=false"
     if cfg.train.loss != "cross_entropy":
         return (f"fuses the head with cross-entropy, not train.loss = {show_value(cfg.train.loss)}; "
                 "set train.loss=\"cross_entropy\" or kernels.fused_loss=false")
