@@ -28,3 +28,19 @@ def test_tune_suites_train_the_reference_tune_and_the_tuned_config():
         assert verbs == ["train", "tune", "train"], (suite, verbs)
         assert table[suite].commands[-1].after == "tune_ratio"
         assert table[suite].commands[-1].argv[4].endswith("/tune/tuned.toml")
+
+
+def test_bench_baseline_has_the_fused_loss_off_and_a_row_of_its_own_where_it_applies():
+    """The LM presets' fused loss is "auto": bench's baseline turns it off so that one row (and "all") adds it, and
+    only a model with `hidden` + `head` gets that row."""
+    from tests.helpers import TINY_GPT
+    from turbotrain.bench import default_variants, variant_overrides
+    from turbotrain.config import load_config
+
+    assert "kernels.fused_loss=false" in BASELINE
+    gpt = load_config("gpt2-124m", TINY_GPT)
+    assert "fused_loss" in default_variants(gpt, on_gpu=True)
+    assert variant_overrides("fused_loss", gpt) == ['kernels.fused_loss="auto"']
+    assert 'kernels.fused_loss="auto"' in variant_overrides("all", gpt)
+    mlp = load_config("mlp-seed", ["compile.enabled=false"])
+    assert "fused_loss" not in default_variants(mlp, on_gpu=True)
