@@ -102,11 +102,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
     if not meta_init.is_meta(model):  # a meta model is checked once materialised (below)
         contract.check_model_data(model, sample, loss_fn, names)
-    if val_ds is not None and len(val_ds):
-        val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) \
-            if val_data is not None else names
-        contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
-                                  val_names)
+    _check_val_items(val_ds, val_data is not None, sample, names)
     cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
@@ -136,6 +132,15 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
                start_step=start_step, cost=cost, info=info, compile_cache=compile_cache,
                shapes=shapes)
+
+
+def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names) -> None:
+    """Checked before any work: a val split unlike the train split would fail at the end of the run."""
+    if val_ds is None or not len(val_ds):
+        return
+    val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) if passed else names
+    contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
+                              val_names)
 
 
 def _build_checked(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int,

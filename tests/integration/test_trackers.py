@@ -192,3 +192,22 @@ def test_no_throughput_drop_warning_after_a_checkpoint_save(tmp_path, capsys):
     assert not [a for a in map(json.loads, lines) if a["rule"] == "throughput_drop"]
     rates = [r["samples_per_s"] for r in jsonl(tmp_path / "fault") if "samples_per_s" in r]
     assert all(math.isfinite(x) and x > 0 for x in rates)
+
+
+def test_a_resume_in_the_second_its_crashed_run_started_is_still_read_last(tmp_path, monkeypatch):
+    """Event file names compare their pid and counter as text: a counter going from 9 to 10 within one second
+    sorts the resumed run's file first, and TensorBoard would apply its purge before the old steps."""
+    from turbotrain.monitor.trackers import TensorBoardTracker
+
+    uid = iter([9, 10])
+    monkeypatch.setattr("tensorboard.summary.writer.event_file_writer._global_uid.get", lambda: next(uid))
+    first = TensorBoardTracker(tmp_path)
+    for step in range(1, 7):
+        first.log({"step": step, "loss": float(step)})
+    first.close()
+    resumed = TensorBoardTracker(tmp_path, start_step=4)
+    for step in range(5, 9):
+        resumed.log({"step": step, "loss": 10.0 + step})
+    resumed.close()
+    loss = tb_scalars(tmp_path / "tb", "loss")
+    assert loss == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0), (6, 16.0), (7, 17.0), (8, 18.0)]

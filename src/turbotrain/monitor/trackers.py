@@ -52,12 +52,25 @@ class JsonlTracker:
         self.f.close()
 
 
+def _after_existing_event_files(tb_dir: Path) -> None:
+    """TensorBoard reads a run's event files in name order, and the purge of redone steps only works when the
+    resumed run's file comes last. Names are events.out.tfevents.<second>.<host>.<pid>.<counter>: within one
+    second the pid and counter compare as text ("10" < "9"), so a resume in the second its crashed run started
+    would be read first. Waiting for the next second (at most one) makes the time decide the order."""
+    parts = [p.name.split(".") for p in tb_dir.glob("events.out.tfevents.*")]
+    last = max((int(n[3]) for n in parts if len(n) > 3 and n[3].isdigit()), default=0)
+    deadline = time.monotonic() + 1.1  # a file stamped in the future (a skewed clock) costs no more than this
+    while time.time() < last + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class TensorBoardTracker:
     """tb/: scalars by step. On resume the events of the redone steps (after the checkpoint) are purged."""
 
     def __init__(self, run_dir: Path, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
+        _after_existing_event_files(run_dir / "tb")
         self.w = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
 
     def log(self, row: dict) -> None:
