@@ -78,13 +78,16 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     return out + ["all"]
 
 
-def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeout_s: float | None = None) -> int:
-    """A variant in a fresh process; every 10 s the console says which one runs, its step and ETA.
-    With `timeout_s` (tune's budget) the process and its children are killed past it and 124 returned."""
+def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeout_s: float | None = None,
+         module: bool = True) -> int:
+    """A variant in a fresh process (`python -m args`, or `python args` for a script); every 10 s the console
+    says which one runs, its step and ETA. With `timeout_s` (tune's budget) the process and its children are
+    killed past it and 124 returned."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, *(["-m"] if module else []), *args]
     if timeout_s is None:
-        return run_logged([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env)
-    return _run_until([sys.executable, "-m", *args], log, what, run_progress(run_dir, steps), env, timeout_s)
+        return run_logged(cmd, log, what, run_progress(run_dir, steps), env)
+    return _run_until(cmd, log, what, run_progress(run_dir, steps), env, timeout_s)
 
 
 def _run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s: float) -> int:

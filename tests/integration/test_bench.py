@@ -1,5 +1,6 @@
 """`turbotrain bench` on a CPU: rows, table and chart; comparators skipped with a note when absent."""
 import json
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,22 @@ def test_converge_parity_follows_the_workloads_criterion():
     synthetic = _rows("classifier", [("accum", 1.06, 0.90)])
     _judge(synthetic, converge=False, synthetic=True)  # random labels: the loss says nothing
     assert synthetic[1]["verdict"] == "ok"
+
+
+def test_a_comparator_that_fails_is_a_row_with_its_error_and_the_bench_completes(tmp_path):
+    """An installed peer runs benchmarks/peers.py as a script; one that cannot run (here a stand-in package
+    without Accelerator) leaves an error row, the rows already measured and bench.json intact."""
+    fake = tmp_path / "site" / "accelerate"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "turbotrain", "bench", "gpt-shakespeare", "train.steps=3",
+                        "model.args.n_layer=1", "model.args.n_embd=32", "model.args.n_head=2", "data.batch_size=4",
+                        "data.args.block_size=16", "data.eval_batches=1", f"run.out_dir={str(tmp_path)!r}",
+                        "--variants", "baseline", "--compare", "accelerate"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "gpt-shakespeare-bench" / "bench.json").read_text())["rows"]
+    assert rows[0]["variant"] == "baseline" and rows[0]["samples_per_s"] > 0
+    peer = [row for row in rows if row["variant"].startswith("accelerate")]
+    assert len(peer) == 1 and "Accelerator" in json.dumps(peer[0]), peer

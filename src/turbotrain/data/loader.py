@@ -147,8 +147,10 @@ class Batches:
             self._it = self._resident_indices()
         else:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
+            # its own generator: starting an iterator draws the workers' base seed, and drawn from the global RNG
+            # (restored by a resume just before) it would shift dropout's stream off the uninterrupted run's
             self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_ignore_interrupts,
-                                     **(settings or {}))
+                                     generator=torch.Generator().manual_seed(sampler.seed), **(settings or {}))
             self._it = iter(self.loader)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not resident else None
         self._next = None

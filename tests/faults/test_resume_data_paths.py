@@ -1,0 +1,44 @@
+"""A resume continues the exact loss curve on every data path. Dropout makes the global RNG part of the curve,
+so anything that draws from it between the checkpoint's RNG restore and the first step (a DataLoader's
+iterator drawing its workers' seed, for one) shifts every later loss."""
+import json
+
+import pytest
+
+from tests.faults.common import RESUME_GPT, lit
+from turbotrain.config import load_config
+from turbotrain.errors import UserError
+from turbotrain.trainer import train
+
+STEPS, EVERY, CRASH = 12, 4, 7
+
+
+class CrashAt:
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, state):
+        if state.step == self.step:
+            raise RuntimeError("crash for the test")
+
+
+def losses(run_dir) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("data", [["data.device_resident=true"],
+                                  ["data.device_resident=false", "data.num_workers=0"],
+                                  ["data.device_resident=false", "data.num_workers=1"]],
+                         ids=["resident", "loader", "loader-worker"])
+def test_a_resume_with_dropout_continues_the_exact_curve(tmp_path, data):
+    common = [*RESUME_GPT, f"train.steps={STEPS}", f"checkpoint.every={EVERY}", *data]
+    whole = load_config("gpt2-124m", [*common, f"run.out_dir={lit(tmp_path / 'whole')}"])
+    train(whole)
+    cut = load_config("gpt2-124m", [*common, f"run.out_dir={lit(tmp_path / 'cut')}"])
+    with pytest.raises(UserError, match="crash for the test"):
+        train(cut, callbacks=[CrashAt(CRASH)])
+    assert train(cut)["resumed_from"] == EVERY
+    reference, resumed = losses(tmp_path / "whole" / "gpt2-124m"), losses(tmp_path / "cut" / "gpt2-124m")
+    assert [s for s, _ in resumed] == list(range(1, STEPS + 1))
+    assert resumed == reference  # bitwise: same losses, every step after the checkpoint included
