@@ -100,9 +100,27 @@ def write_run_file(path: Path, text: str) -> None:
                         "run.name") from None
 
 
+_HELD_LOCKS: set[int] = set()  # this process's run-directory lock descriptors
+
+
+def _drop_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the lock's open file, and the kernel drops a flock only when
+    every copy is closed: a worker orphaned by a killed run would hold the directory until it noticed."""
+    for fd in _HELD_LOCKS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
 class RunDir:
     """`{out_dir}/{name}/`, held by one run at a time: rank 0 takes an exclusive lock (flock) that the
-    kernel drops when the process ends, so a crashed run never leaves the directory stuck."""
+    kernel drops when the process ends (forked children keep no copy), so a crashed run never leaves the
+    directory stuck."""
 
     def __init__(self, cfg: RunConfig, is_main: bool):
         self.path, self.is_main, self._lock = Path(cfg.out_dir) / cfg.name, is_main, None
@@ -137,9 +155,11 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         self._lock = fd
+        _HELD_LOCKS.add(fd)
 
     def release(self) -> None:
         if self._lock is not None:
+            _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)  # closing the descriptor drops the flock
             self._lock = None
 

@@ -229,3 +229,33 @@ def test_ctrl_c_to_the_process_group_with_loader_workers_saves_cleanly(tmp_path,
     assert stopped
     meta = json.loads((ckpt_dir(tmp_path / "fault", stopped[-1]) / "meta.json").read_text())
     assert meta["step"] == stopped[-1]
+
+
+def test_a_child_forked_by_a_killed_run_does_not_keep_its_directory_locked(tmp_path):
+    """A DataLoader worker is a forked child: were it to share the lock, a run killed with kill -9 (an OOM kill,
+    a torchrun restart) would leave its orphaned worker holding the directory and refuse the resume."""
+    import textwrap
+
+    from turbotrain.rundir import RunConfig, RunDir
+
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from turbotrain.rundir import RunConfig, RunDir
+        RunDir(RunConfig(name="fault", out_dir={str(tmp_path)!r}), is_main=True).open()
+        child = os.fork()
+        if child == 0:  # off the pipes, or the test would wait for it to exit
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 1), os.dup2(null, 2)
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(r.stdout.split()[0])
+    try:
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        os.kill(child, 0)  # the orphan still lives
+        RunDir(RunConfig(name="fault", out_dir=str(tmp_path)), is_main=True).open().release()
+    finally:
+        os.kill(child, signal.SIGKILL)
