@@ -272,6 +272,41 @@ def _check_declared(model: nn.Module, x: torch.Tensor, names: Names) -> None:
                             f"{size}x{size} images")
 
 
+def fused_loss_problem(model: nn.Module, ds: Dataset, names: Names = Names()) -> str | None:
+    """Why the fused loss cannot stand in for this model's forward + cross-entropy (the rest of a
+    `kernels.fused_loss = true ...` line), or None. Names alone do not make the protocol: on the first item
+    (eval mode, no grad, RNG and modes left as they were) `hidden(inputs)` must run, fit `head`, and
+    `head(hidden(inputs))` must be `forward(inputs)`; else the run would train a model other than the user's."""
+    from turbotrain.models.structure import supports_fused_loss
+
+    if not supports_fused_loss(model) or any(p.is_meta for p in model.parameters()) or not len(ds):
+        return None  # no hidden/head: the resolver says so; built on meta: a built-in; empty: refused later
+    x, y = first_batch(ds, torch.device("cpu"), names, micro=1)
+    if _declares_sequence(model, x, y):
+        x = x[:, :PREFIX]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.eval()
+            out, h = model(x), model.hidden(x)
+            if not isinstance(h, torch.Tensor) or h.shape[-1] != model.head.in_features:
+                got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+                return (f"needs `hidden(inputs)` to give the head's input ({model.head.in_features} features last); "
+                        f"{names.model}'s gave {got}; set kernels.fused_loss=false")
+            fused = model.head(h)
+            if not isinstance(out, torch.Tensor) or out.shape != fused.shape or not torch.allclose(
+                    out.float(), fused.float(), rtol=1e-3, atol=1e-3):
+                return (f"replaces forward(inputs) by head(hidden(inputs)), which differ for {names.model} on the "
+                        "first item; make forward return head(hidden(inputs)) or set kernels.fused_loss=false")
+    except Exception as e:  # noqa: BLE001 - the user's hidden() failing is a reason, said in the line
+        return (f"calls {names.model}'s hidden(inputs), which failed on the first item ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:120] if str(e) else ''}); set kernels.fused_loss=false")
+    finally:
+        for m, training in modes:
+            m.training = training
+    return None
+
+
 PREFIX = 8  # tokens per sequence in the check's forward, for built-in models that declare vocab_size and block_size
 
 

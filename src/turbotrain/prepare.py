@@ -93,8 +93,9 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     loss_in_code = loss_fn is not None and loss_fn is not cross_entropy
     loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
     contract.check_model(model, names)
+    fused_why = contract.fused_loss_problem(model, train_ds, names) if cfg.kernels.fused_loss is not False else None
     cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size,
-                                loss_in_code))
+                                loss_in_code, fused_why))
     dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
     sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work

@@ -36,13 +36,14 @@ class Facts:
     in_memory_bytes: int | None = None  # a built-in in-memory dataset's size; None = a user dataset
     cpus: int = 1
     fused_loss_ready: bool = False  # the model has `hidden` and a bias-free `head` (models.structure)
+    fused_loss_why: str | None = None  # why not, from running them (contract.fused_loss_problem); None: not run
     loss_in_code: bool = False  # the Python API was given a loss function other than the built-in cross-entropy
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
-             local_world: int = 1, loss_in_code: bool = False) -> Facts:
+             local_world: int = 1, loss_in_code: bool = False, fused_loss_why: str | None = None) -> Facts:
     """Facts from a built (not yet parallelized) model and its training dataset."""
     from turbotrain.data.datasets import TensorDataset
     from turbotrain.distributed.pipeline_parallel import layout_of
@@ -53,7 +54,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  has_conv=any(isinstance(m, nn.Conv2d) for m in model.modules()),
                  block_params=tuple(sum(p.numel() for p in b.parameters()) for b in blocks) if blocks else (),
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
-                 cpus=cpus, fused_loss_ready=supports_fused_loss(model), pipeline_layout=layout_of(model) is not None,
+                 cpus=cpus, fused_loss_ready=supports_fused_loss(model) and fused_loss_why is None,
+                 fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code)
 
 
@@ -251,8 +253,8 @@ def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:
     if cfg.kernels.fused_loss is False:
         return
     blocker = _fused_loss_blocker(cfg, facts)
-    if cfg.kernels.fused_loss == "auto":
-        c.set("kernels", "fused_loss", blocker is None)
+    if cfg.kernels.fused_loss == "auto":  # quiet, but for a model whose hidden/head names did not hold up
+        c.set("kernels", "fused_loss", blocker is None, (facts.fused_loss_why or "").split("; set")[0])
     elif blocker:
         raise UserError(f"kernels.fused_loss = true {blocker}")
 
@@ -260,8 +262,8 @@ def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:
 def _fused_loss_blocker(cfg: Config, facts: Facts) -> str | None:
     """Why the fused loss cannot run with this config and model (the rest of an error line), or None."""
     if not facts.fused_loss_ready:
-        return ("needs a model with `hidden(idx)` (final-normed hidden states) and a bias-free nn.Linear `head`; "
-                "set kernels.fused_loss=false")
+        return facts.fused_loss_why or ("needs a model with `hidden(idx)` (final-normed hidden states) and a "
+                                        "bias-free nn.Linear `head`; set kernels.fused_loss=false")
     if facts.loss_in_code:
         return "replaces the loss by the fused cross-entropy, but a loss function was passed in code; " \
                "drop it or set kernels.fused_loss=false"

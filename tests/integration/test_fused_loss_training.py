@@ -1,7 +1,9 @@
 """kernels.fused_loss through the trainer: the same loss curve and val loss as the unfused head + loss."""
 import json
+import re
 
 import pytest
+import torch
 
 from tests.helpers import losses, tiny_gpt
 from turbotrain.trainer import train
@@ -34,3 +36,51 @@ def test_auto_leaves_a_loss_passed_in_code_alone_and_true_refuses_it(tmp_path):
     with pytest.raises(UserError, match=r"^kernels.fused_loss = true replaces the loss .*kernels.fused_loss=false"):
         train(tiny_gpt(tmp_path, "run.name=explicit", "kernels.fused_loss=true", *common),
               loss_fn=lambda o, y: 0 * o.sum())
+
+
+def _seeded(kind: str) -> "_Lm":
+    torch.manual_seed(0)
+    return _Lm(kind)
+
+
+class _Lm(torch.nn.Module):
+    """A user's LM whose names look like the fused-loss protocol; `kind` says how it breaks it."""
+
+    def __init__(self, kind: str, vocab: int = 64, width: int = 16):
+        super().__init__()
+        self.kind, self.emb = kind, torch.nn.Embedding(vocab, width)
+        self.narrow = torch.nn.Linear(width, 8)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def hidden(self, idx):
+        if self.kind == "narrow":  # not the head's input width
+            return self.narrow(self.emb(idx))
+        if self.kind == "needs_mask":  # another signature
+            raise TypeError("hidden() missing 1 required positional argument: 'mask'")
+        return self.emb(idx)
+
+    def forward(self, idx):
+        h = self.emb(idx)
+        return self.head(torch.relu(h) if self.kind == "relu" else h)  # "relu": forward is not head(hidden)
+
+
+@pytest.mark.parametrize("kind, said", [("narrow", "needs `hidden(inputs)` to give the head's input"),
+                                        ("needs_mask", "which failed on the first item (TypeError"),
+                                        ("relu", "which differ for the model passed to train() on the first item")])
+def test_names_that_do_not_hold_up_leave_auto_off_and_refuse_true(tmp_path, kind, said):
+    """hidden + a bias-free head by name is not the protocol: the first item shows whether head(hidden(x)) is the
+    model's forward. "auto" trains the user's model as written (the same curve as off); true is one error line."""
+    from turbotrain.errors import UserError
+
+    common = ("train.steps=3", "train.lr=0.01", "train.eval_every=0")
+    train(tiny_gpt(tmp_path, "run.name=off", "kernels.fused_loss=false", *common), model=_seeded(kind))
+    summary = train(tiny_gpt(tmp_path, "run.name=auto", *common), model=_seeded(kind))
+    assert losses(tmp_path, "auto") == losses(tmp_path, "off")
+    assert "fused_loss = false" in (tmp_path / "auto" / "config.toml").read_text(), summary
+    with pytest.raises(UserError, match=rf"^kernels.fused_loss = true .*{re.escape(said)}.*kernels.fused_loss=false"):
+        train(tiny_gpt(tmp_path, "run.name=on", "kernels.fused_loss=true", *common), model=_Lm(kind))
+
+
+def test_a_model_that_keeps_the_protocol_gets_the_fused_loss_from_auto(tmp_path):
+    train(tiny_gpt(tmp_path, "run.name=auto", "train.steps=2"), model=_Lm("good"))
+    assert "fused_loss = true" in (tmp_path / "auto" / "config.toml").read_text()
