@@ -6,6 +6,7 @@ Usage: `run = prepare(cfg)`; the trainer's loop and `profile` take it from there
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from turbotrain import contract
 from turbotrain.accel.attention import measure_attention
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
 from turbotrain.checkpoint import Checkpointer, param_shapes
-from turbotrain.config import Config, to_toml
+from turbotrain.config import Config, config_from_dict, to_toml
 from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed import meta_init
@@ -67,11 +68,15 @@ class Run:
         return sealed if self.ckpt.in_flight else [*sealed, (step, path)]
 
 
-def check_config(cfg) -> None:
-    """The Python API's `cfg` must be a Config (a path or a dict would fail deep inside with AttributeError)."""
+def check_config(cfg) -> Config:
+    """The Python API's `cfg`, checked as a config file is: it must be a Config (a path or a dict would fail
+    deep inside with AttributeError), and values set on it after load_config pass the same type, literal and
+    range checks (else `fused_loss = "yes"` would run as true and be written to config.toml as a value that
+    the file's next load refuses)."""
     if not isinstance(cfg, Config):
         raise UserError(f"turbotrain.train(cfg): got {type(cfg).__name__}; pass a Config, e.g. "
                         f"turbotrain.load_config(\"my.toml\", [\"train.steps=100\"])")
+    return config_from_dict(dataclasses.asdict(cfg))
 
 
 def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,

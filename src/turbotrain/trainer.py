@@ -38,7 +38,7 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
           loss_fn: LossFn | None = None, callbacks: list | tuple = ()) -> dict:
     """Train per `cfg` (a `Config`); returns the summary (also written to summary.json by rank 0).
     `callbacks`: objects with the hooks of `turbotrain.callbacks.Callback`, after those of train.callbacks."""
-    check_config(cfg)
+    cfg = check_config(cfg)
     t_start, stop, run = time.perf_counter(), None, None
     try:
         cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)

@@ -5,6 +5,7 @@ with exit code 0. User code: tests/userpkg/redteam.py (imported as `userpkg.redt
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -147,3 +148,20 @@ def test_python_api_user_error(tmp_path, call, words):
     for w in words:
         assert w in msg, msg
 
+
+
+@pytest.mark.parametrize("section, key, value, said", [
+    ("kernels", "fused_loss", "yes", 'kernels.fused_loss = "yes": expected'),
+    ("kernels", "fused_loss", None, "kernels.fused_loss = "),
+    ("train", "lr", "x", 'train.lr = "x": expected'),
+    ("train", "lr", float("nan"), "train.lr = nan: must be a finite number"),
+    ("precision", "dtype", "fp64", 'precision.dtype = "fp64"'),
+])
+def test_a_value_set_on_a_loaded_config_is_checked_as_a_files_would_be(tmp_path, section, key, value, said):
+    """Python API: a field changed after load_config passes the loader's checks (one UserError, nothing written),
+    instead of running as something else and landing in config.toml as a value the next load refuses."""
+    cfg = load_config("gpt-shakespeare", [f"run.out_dir={str(tmp_path)!r}", "train.steps=1"])
+    setattr(getattr(cfg, section), key, value)  # as `cfg.kernels.fused_loss = "yes"` does
+    with pytest.raises(UserError, match=re.escape(said)):
+        turbotrain.train(cfg)
+    assert not any(tmp_path.iterdir())
