@@ -213,9 +213,10 @@ def _bench(args: argparse.Namespace) -> None:
 def _tune(args: argparse.Namespace) -> None:
     from turbotrain.tune import process_start, run_tune
 
-    if not 0 < args.budget_min < float("inf") or args.repeats < 0 or args.nproc < 1:
-        raise UserError("--budget-min must be a number of minutes > 0 (not inf or nan), --repeats >= 0 and "
-                        "--nproc >= 1")
+    week = 7 * 24 * 60  # nan fails every comparison; 1e308 minutes would be inf seconds (and Infinity in tune.json)
+    if not 0 < args.budget_min <= week or args.repeats < 0 or args.nproc < 1:
+        raise UserError(f"--budget-min must be a number of minutes > 0 (not inf or nan) and at most {week} (one "
+                        f"week), --repeats >= 0 and --nproc >= 1")
     _check_processes(args.nproc, "--nproc")
     since = process_start() if getattr(args, "whole_process", False) else None
     run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,

@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from turbotrain.errors import UserError
+from turbotrain.log import say
 from turbotrain.monitor.trackers import Tracker, build_tracker
 
 
@@ -85,7 +87,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         for tracker in self.trackers:
-            tracker.log(row)
+            try:
+                tracker.log(row)
+            except OSError as e:  # a tracker of the user's (the built-in ones raise a UserError themselves)
+                raise UserError(f"monitor.trackers: {_name(tracker)} cannot log step {row.get('step')} ({_reason(e)}); "
+                                f"fix where it writes (free space, permissions) or remove it from monitor.trackers"
+                                ) from None
         line = console_line(row, self.total)
         if self.progress is not None:
             self.progress.update(self.task, completed=row["step"], info=line.split(" | ", 1)[-1])
@@ -96,8 +103,33 @@ class MetricsLogger:
             self.last_line = time.perf_counter()
 
     def close(self) -> None:
+        """Close every tracker, even after one fails. Called while an exception is on its way out (the
+        trainer's `finally`, e.g. the UserError of a full disk), a tracker's failure to close is not raised over
+        that first error, which is the one the user must see; otherwise the first failure is raised."""
         if self.progress is not None:
             self.progress.stop()
-        for tracker in self.trackers:
-            tracker.close()
-        self.trackers = []
+        trackers, self.trackers, failed = self.trackers, [], None
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception as e:  # noqa: BLE001 - the other trackers close all the same
+                failed = failed or (tracker, e)
+        if failed is None:
+            return
+        tracker, e = failed
+        if sys.exc_info()[1] is not None:
+            if not isinstance(e, (UserError, OSError)):  # not the same disk again: worth a line
+                say(f"monitor: closing {_name(tracker)} failed too ({_reason(e)})")
+            return
+        if isinstance(e, OSError):
+            raise UserError(f"monitor.trackers: cannot close {_name(tracker)} ({_reason(e)}); fix where it writes "
+                            f"(free space, permissions) or remove it from monitor.trackers") from None
+        raise e
+
+
+def _name(tracker: Tracker) -> str:
+    return type(tracker).__name__
+
+
+def _reason(e: BaseException) -> str:
+    return (e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())) or type(e).__name__

@@ -48,7 +48,10 @@ class JsonlFile:
     def close(self) -> None:
         with self.lock:
             if self.f is not None:
-                self.f.close()
+                try:  # a line the full disk refused stays buffered; it was said when written, not again here
+                    self.f.close()
+                except OSError:
+                    pass
                 self.f = None
 
 

@@ -4,14 +4,22 @@
 A tracker of your own is any object with `log(row)` and `close()`; name it in the config as
 "pkg.module:factory", where `factory(run_dir, start_step) -> Tracker`.
 Rank 0 only: MetricsLogger builds trackers on the main process alone.
+
+A write that fails (a full disk, a run directory that became read-only) is one UserError naming the file and
+the fix; the files stay readable: metrics.jsonl and metrics.csv end with the last whole row (a row that did not
+fit is cut back out), and `close` after such a failure does not fail again.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
+import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -36,20 +44,68 @@ def scalars(row: dict) -> dict[str, float]:
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def write_error(what: str, path: Path, e: OSError, kept: str = "the rows logged so far are kept") -> UserError:
+    """The UserError for a failed write of a run file, in the checkpoint writer's words: the reason (errno), the
+    free space, what is kept, the fix."""
+    reason = e.strerror or type(e).__name__
+    if e.errno in errno.errorcode:
+        reason += f" [{errno.errorcode[e.errno]}]"
+    free = ""
+    with contextlib.suppress(OSError, StopIteration):
+        where = next(p for p in (path, *path.parents) if p.exists())  # the file, else its nearest folder
+        free = f"; {shutil.disk_usage(where).free / 2**20:.0f} MiB free there"
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        fix = "free space on that disk, or set run.out_dir to another disk"
+    else:
+        fix = "make it writable, or set run.out_dir to another disk"
+    return UserError(f"{what}: cannot write {path} ({reason}{free}); {kept}: {fix}")
+
+
+def append_whole(f, data: bytes) -> None:
+    """Append `data` to `f` (opened by open_run_file in mode "a") whole or not at all, unbuffered: on a failure
+    (a full disk: the first part fits, the rest does not) the file is cut back to its length before, so it ends
+    with the last whole row, and the OSError is raised. Nothing stays buffered in `f`: closing it cannot fail
+    again over the same write."""
+    fd = f.fileno()
+    size = os.fstat(fd).st_size  # O_APPEND: the row goes at the end
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[n:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
+
+
 class JsonlTracker:
-    """metrics.jsonl: one JSON object per row, full float precision (the run's record; always on)."""
+    """metrics.jsonl: one JSON object per row, full float precision (the run's record; always on). Each row is
+    one unbuffered append, cut back out when it does not fit: the file never ends in half a row."""
 
     def __init__(self, run_dir: Path):
         from turbotrain.rundir import open_run_file
 
-        self.f = open_run_file(run_dir / "metrics.jsonl", "a")
+        self.path = run_dir / "metrics.jsonl"
+        self.f = open_run_file(self.path, "a")
+        self.failed = False
 
     def log(self, row: dict) -> None:
-        self.f.write(json.dumps(row) + "\n")
-        self.f.flush()
+        try:
+            append_whole(self.f, (json.dumps(row) + "\n").encode())
+        except OSError as e:
+            self.failed = True
+            raise write_error("metrics", self.path, e) from None
 
     def close(self) -> None:
-        self.f.close()
+        try:
+            self.f.close()
+        except OSError as e:  # a network file system reports a lost write at close
+            if not self.failed:
+                self.failed = True
+                raise write_error("metrics", self.path, e) from None
 
 
 def _after_existing_event_files(tb_dir: Path) -> None:
@@ -65,62 +121,129 @@ def _after_existing_event_files(tb_dir: Path) -> None:
 
 
 class TensorBoardTracker:
-    """tb/: scalars by step. On resume the events of the redone steps (after the checkpoint) are purged."""
+    """tb/: scalars by step. On resume the events of the redone steps (after the checkpoint) are purged.
+    TensorBoard writes in a background thread; a write error there (a full disk) ends that thread and comes
+    back from the next add_scalar, flush or close: it is said once, as a UserError (see _quiet_writer_threads)."""
 
     def __init__(self, run_dir: Path, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
-        _after_existing_event_files(run_dir / "tb")
-        self.w = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+        self.dir, self.failed = run_dir / "tb", False
+        _quiet_writer_threads()
+        _after_existing_event_files(self.dir)
+        try:
+            self.w = SummaryWriter(str(self.dir), purge_step=start_step + 1 if start_step else None)
+        except OSError as e:  # the first event (the file version) is written and flushed at once
+            raise self._error(e) from None
 
     def log(self, row: dict) -> None:
-        for k, v in scalars(row).items():
-            self.w.add_scalar(k, v, row["step"])
+        try:
+            for k, v in scalars(row).items():
+                self.w.add_scalar(k, v, row["step"])
+        except OSError as e:
+            raise self._error(e) from None
 
     def close(self) -> None:
-        self.w.close()
+        try:
+            self.w.close()  # flushes: the writer thread's error, if any, comes back here
+        except OSError as e:
+            if not self.failed:
+                raise self._error(e) from None
+
+    def _error(self, e: OSError) -> UserError:
+        self.failed = True
+        return write_error("monitor.trackers tensorboard", self.dir, e, kept="the events logged so far are kept")
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard's writer thread (tensorboard.summary.writer.event_file_writer._AsyncWriterThread) keeps the
+    exception that ends it and re-raises it, so Python prints a thread traceback; the writer raises the same
+    exception again to its owner at the next add_event, flush or close (_AsyncWriter._check_worker_status),
+    where TensorBoardTracker turns it into one UserError line. This threading.excepthook (installed when it is
+    not the current one) leaves out the thread's print of such an OSError, one the thread kept for its owner;
+    every other thread's exception goes to the hook that was there before."""
+    if getattr(threading.excepthook, "quiets_tensorboard_writer", False):
+        return
+    try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:  # another tensorboard layout: its threads print as before
+        return
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if (isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError)
+                and getattr(args.thread, "exception", None) is args.exc_value):
+            return
+        previous(args)
+
+    hook.quiets_tensorboard_writer = True
+    threading.excepthook = hook
 
 
 class CsvTracker:
     """metrics.csv: one line per row, a column per key seen so far. A row that brings a new key (the first eval
-    row, GPU readings) rewrites the file once with the wider header; on resume the rows after the checkpoint go."""
+    row, GPU readings) rewrites the file once with the wider header; on resume the rows after the checkpoint go.
+    A row is appended whole or not at all; after a failed write the next row rewrites the file (all rows)."""
 
     def __init__(self, run_dir: Path, start_step: int = 0):
-        self.path, self.fields, self.rows = run_dir / "metrics.csv", ["step"], []
+        self.path, self.fields, self.rows, self.failed = run_dir / "metrics.csv", ["step"], [], False
         if start_step and self.path.is_file() and not self.path.is_symlink():
             with open(self.path, newline="") as f:
-                self.rows = [r for r in csv.DictReader(f)
-                             if r.get("step", "").isdigit() and int(r["step"]) <= start_step]
+                text = f.read()
+            if not text.endswith("\n"):  # a line cut short (a crash mid-write): not a row
+                text = text[:text.rfind("\n") + 1]
+            self.rows = [r for r in csv.DictReader(io.StringIO(text, newline=""))
+                         if None not in r and None not in r.values()  # a short or long (damaged) line
+                         and r.get("step", "").isdigit() and int(r["step"]) <= start_step]
             self.fields = list(dict.fromkeys(k for r in self.rows for k in r)) or ["step"]
         self._rewrite()
 
     def log(self, row: dict) -> None:
         new = [k for k in row if k not in self.fields]
         self.rows.append(row)
-        if new:
+        if new or self.failed or self.f.closed:  # after a failed write: every row again, whole
             self.fields += new
             self._rewrite()
         else:
-            self._writer().writerow(row)
-            self.f.flush()
+            buf = io.StringIO(newline="")
+            self._writer(buf).writerow(row)
+            try:
+                append_whole(self.f, buf.getvalue().encode(self.f.encoding))
+            except OSError as e:
+                self.failed = True
+                raise write_error("metrics", self.path, e) from None
 
-    def _writer(self) -> csv.DictWriter:
-        return csv.DictWriter(self.f, self.fields, restval="", extrasaction="ignore")
+    def _writer(self, f) -> csv.DictWriter:
+        return csv.DictWriter(f, self.fields, restval="", extrasaction="ignore")
 
     def _rewrite(self) -> None:
         from turbotrain.rundir import open_run_file, write_run_file
 
         if hasattr(self, "f"):
-            self.f.close()
+            self.close()
         buf = io.StringIO(newline="")
-        w = csv.DictWriter(buf, self.fields, restval="", extrasaction="ignore")
+        w = self._writer(buf)
         w.writeheader()
         w.writerows(self.rows)
-        write_run_file(self.path, buf.getvalue())  # atomic: a crash mid-rewrite keeps the old file
-        self.f = open_run_file(self.path, "a")
+        try:
+            write_run_file(self.path, buf.getvalue())  # atomic: a crash mid-rewrite keeps the old file
+            self.f = open_run_file(self.path, "a")
+        except OSError as e:
+            self.failed = True
+            with contextlib.suppress(OSError):  # write_run_file's temp file: not left behind, taking the space
+                self.path.with_name(f".{self.path.name}.tmp").unlink(missing_ok=True)
+            raise write_error("metrics", self.path, e) from None
+        self.failed = False
 
     def close(self) -> None:
-        self.f.close()
+        if not hasattr(self, "f") or self.f.closed:
+            return
+        try:
+            self.f.close()
+        except OSError as e:  # a network file system reports a lost write at close
+            if not self.failed:
+                self.failed = True
+                raise write_error("metrics", self.path, e) from None
 
 
 class WandbTracker:
