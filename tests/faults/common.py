@@ -28,6 +28,17 @@ RESUME_GPT = ["model.args.n_layer=2", "model.args.n_head=2", "model.args.n_embd=
               f"train.steps={RESUME_STEPS}", f"checkpoint.every={RESUME_EVERY}"]
 
 
+class CrashAt:
+    """Fails the run at the end of a step (after the checkpoint before it, before that step's log)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, state):
+        if state.step == self.step:
+            raise RuntimeError("crash for the test")
+
+
 def lit(path) -> str:
     """A path as a TOML literal string for KEY=VALUE overrides."""
     return repr(str(path))

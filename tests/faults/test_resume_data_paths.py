@@ -5,21 +5,12 @@ import json
 
 import pytest
 
-from tests.faults.common import RESUME_GPT, lit
+from tests.faults.common import RESUME_GPT, CrashAt, lit
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
 from turbotrain.trainer import train
 
 STEPS, EVERY, CRASH = 12, 4, 7
-
-
-class CrashAt:
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, state):
-        if state.step == self.step:
-            raise RuntimeError("crash for the test")
 
 
 def losses(run_dir) -> list[tuple[int, float]]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.faults.common import BASE_TOML, lit
+from tests.faults.common import BASE_TOML, CrashAt, lit
 from tests.helpers import TESTS
 from turbotrain.cli import main
 from turbotrain.config import load_config
@@ -134,17 +134,6 @@ def test_tracker_names_are_checked():
 
     assert tracker_problem("csv") is None and tracker_problem("pkg.mod:make") is None
     assert "expected one of jsonl, tensorboard, csv, wandb, mlflow" in tracker_problem("neptune")
-
-
-class CrashAt:
-    """Fails the run at the end of a step (after the checkpoint before it, before that step's log)."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, state):
-        if state.step == self.step:
-            raise RuntimeError("crash for the test")
 
 
 def tb_scalars(tb_dir, tag: str) -> list[tuple[int, float]]:

@@ -81,6 +81,16 @@ def append_whole(f, data: bytes) -> None:
         raise
 
 
+def _close_metrics_file(tracker) -> None:
+    """Close a tracker's file (`f`, `path`, `failed`); after a failed write it stays quiet."""
+    try:
+        tracker.f.close()
+    except OSError as e:  # a network file system reports a lost write at close
+        if not tracker.failed:
+            tracker.failed = True
+            raise write_error("metrics", tracker.path, e) from None
+
+
 class JsonlTracker:
     """metrics.jsonl: one JSON object per row, full float precision (the run's record; always on). Each row is
     one unbuffered append, cut back out when it does not fit: the file never ends in half a row."""
@@ -100,12 +110,7 @@ class JsonlTracker:
             raise write_error("metrics", self.path, e) from None
 
     def close(self) -> None:
-        try:
-            self.f.close()
-        except OSError as e:  # a network file system reports a lost write at close
-            if not self.failed:
-                self.failed = True
-                raise write_error("metrics", self.path, e) from None
+        _close_metrics_file(self)
 
 
 def _after_existing_event_files(tb_dir: Path) -> None:
@@ -236,14 +241,8 @@ class CsvTracker:
         self.failed = False
 
     def close(self) -> None:
-        if not hasattr(self, "f") or self.f.closed:
-            return
-        try:
-            self.f.close()
-        except OSError as e:  # a network file system reports a lost write at close
-            if not self.failed:
-                self.failed = True
-                raise write_error("metrics", self.path, e) from None
+        if hasattr(self, "f") and not self.f.closed:
+            _close_metrics_file(self)
 
 
 class WandbTracker:
