@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -76,7 +77,10 @@ def check_config(cfg) -> Config:
     if not isinstance(cfg, Config):
         raise UserError(f"turbotrain.train(cfg): got {type(cfg).__name__}; pass a Config, e.g. "
                         f"turbotrain.load_config(\"my.toml\", [\"train.steps=100\"])")
-    return config_from_dict(dataclasses.asdict(cfg))
+    raw = dataclasses.asdict(cfg)
+    for table in raw.values():  # `cfg.run.out_dir = tmp_path` (a Path) is a path all the same
+        table.update({k: os.fspath(v) for k, v in table.items() if isinstance(v, os.PathLike)})
+    return config_from_dict(raw)
 
 
 def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,

@@ -165,3 +165,12 @@ def test_a_value_set_on_a_loaded_config_is_checked_as_a_files_would_be(tmp_path,
     with pytest.raises(UserError, match=re.escape(said)):
         turbotrain.train(cfg)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_path_object_set_on_a_loaded_config_is_taken_as_its_text(tmp_path):
+    from pathlib import Path
+
+    cfg = load_config("gpt-shakespeare", ["train.steps=1", "model.args.n_layer=1", "model.args.n_embd=32"])
+    cfg.run.out_dir = Path(tmp_path)
+    turbotrain.train(cfg)
+    assert 'out_dir = "' + str(tmp_path) in (tmp_path / "gpt-shakespeare" / "config.toml").read_text()
