@@ -405,6 +405,7 @@ class Checkpointer:
         self.rank, self.world_size, self.sharded = rank, world_size, sharded
         self.flat_optim = flat_optim
         self.loaded: Path | None = None  # the checkpoint `load` restored (an older one after a fallback)
+        self.loaded_meta: dict = {}  # its meta.json (the run facts `save` was given: seed, batch, optimizer, ...)
         self._pending: tuple | None = None  # the async save in flight: (step, final, tmp, meta, future)
         self._async_group = None  # the background write's own gloo group: its collectives never meet training's
 
@@ -689,15 +690,15 @@ class Checkpointer:
                         f"trying the previous one")
                     continue
             try:
-                step = self._load_one(candidate, model, opt, sched, scaler, expect)
+                meta = self._load_one(candidate, model, opt, sched, scaler, expect)
             except CorruptCheckpoint as e:
                 if explicit:
                     raise UserError(f"checkpoint.resume = {self.cfg.resume!r}: corrupt checkpoint ({e}); pick "
                                     f"another checkpoint, or checkpoint.resume=\"never\"") from None
                 say(f"warning: checkpoint {candidate.name} is corrupt ({e}); trying the previous one")
                 continue
-            self.loaded = candidate
-            return step
+            self.loaded, self.loaded_meta = candidate, meta
+            return int(meta["step"])
         say("warning: no good checkpoint left to resume from; starting fresh")
         if self.rank == 0:
             self.set_aside_old()
@@ -705,8 +706,9 @@ class Checkpointer:
         self.loaded = None
         return 0
 
-    def _load_one(self, path: Path, model: nn.Module, opt, sched, scaler, expect: dict) -> int:
-        """Read and validate everything, agree over ranks, then apply. CorruptCheckpoint / UserError."""
+    def _load_one(self, path: Path, model: nn.Module, opt, sched, scaler, expect: dict) -> dict:
+        """Read and validate everything, agree over ranks, then apply; the checkpoint's meta.
+        CorruptCheckpoint / UserError."""
         rng = None
         with self._together(path):
             meta = self._read_meta(path)
@@ -747,7 +749,7 @@ class Checkpointer:
         scaler.load_state_dict(state["scaler"])
         if rng is not None:
             _set_rng_state(*rng)
-        return int(meta["step"])
+        return meta
 
     def _sd_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions

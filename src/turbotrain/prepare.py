@@ -64,7 +64,7 @@ class Run:
         tr = self.trainee
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
                 "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
-                "config": to_toml(self.cfg)}
+                "seed": self.cfg.run.seed, "config": to_toml(self.cfg)}
         path = self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta, wait=wait)
         return sealed if self.ckpt.in_flight else [*sealed, (step, path)]
 
@@ -123,14 +123,14 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
     trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
     cfg = _measured_attention(cfg, trainee, sample)
-    start_step = 0 if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
+    start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
     if env.is_main and not probe:
         if start_step == 0 and (moved := rundir.set_aside()):
             say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
         write_run_file(rundir.path / "config.toml", to_toml(cfg))
         if start_step:
             rundir.trim_metrics(start_step)
-    sampler.start_step = start_step
+    sampler.start_step, sampler.seed = start_step, cfg.run.seed
     batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                       cfg.memory.channels_last, who=names.data, first=sample)
     info = {**_info(cfg, trainee, n_params, cost, start_step, model),
@@ -140,8 +140,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache,
-               shapes=shapes)
+               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes)
 
 
 def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names) -> None:
@@ -219,25 +218,31 @@ def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Con
                     flops_per_sample=fps, flops_source=source, peak_flops=peak_flops(device, cfg.precision.dtype))
 
 
-def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int) -> int:
-    """The step to start from: 0, or the step of the checkpoint `checkpoint.resume` names, loaded (under
-    "auto" a damaged one falls back to the previous good one: `ckpt.loaded` is the one restored)."""
+def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int) -> tuple[int, Config]:
+    """The step to start from (0, or the step of the checkpoint `checkpoint.resume` names, loaded; under
+    "auto" a damaged one falls back to the previous good one: `ckpt.loaded` is the one restored), and the
+    config to go on with: the checkpoint's run.seed, which fixes the data order of the epoch under way."""
     path = ckpt.find_resume()
     if path is None:
-        return 0
+        return 0, cfg
     t = cfg.train
     expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype,
               "strategy": cfg.parallel.strategy}
     step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
     if ckpt.loaded is None:  # every checkpoint was damaged (kept in checkpoints.old-N): a fresh start
-        return 0
+        return 0, cfg
     if step >= t.steps:
         raise UserError(f"the run already reached step {step} ({ckpt.loaded}) and asks for train.steps={t.steps}: "
                         f"nothing to do; raise train.steps to continue it, or choose another run.name for a new run")
     changed = _apply_hyperparameters(tr, cfg)
     say(f"resumed from step {step} ({ckpt.loaded}): kept the model, optimizer, LR schedule position, loss scaler, "
         f"RNG and data order" + (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
-    return step
+    seed = ckpt.loaded_meta.get("seed")
+    if type(seed) is int and seed != cfg.run.seed:  # a new seed would reshuffle the epoch half-way through
+        say(f"warning: run.seed = {cfg.run.seed} differs from the checkpoint's {seed}: kept {seed} (the data order "
+            f"and RNG state are the checkpoint's); use another run.name for a run with seed {cfg.run.seed}")
+        cfg = replace(cfg, run=replace(cfg.run, seed=seed))
+    return step, cfg
 
 
 def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:

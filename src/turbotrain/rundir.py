@@ -87,8 +87,13 @@ def write_run_file(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     if tmp.is_symlink():
         tmp.unlink()
-    with open_run_file(tmp) as f:
-        f.write(text)
+    try:
+        with open_run_file(tmp) as f:
+            f.write(text)
+    except OSError as e:  # a full disk (ENOSPC at write or at close): the old file stays whole
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path} ({e.strerror or e}); free space under run.out_dir or choose "
+                        "another one") from None
     if path.is_symlink():
         raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
                         f"directory: remove it or choose another run.name")

@@ -258,3 +258,41 @@ def test_tune_refuses_a_budget_beyond_a_week(budget, capsys, monkeypatch):
     assert main(["tune", str(USERPKG / "tune.toml"), "--budget-min", budget]) == 2
     line = error_line(capsys.readouterr().err)
     assert "--budget-min" in line and "10080" in line, line
+
+
+def test_a_whole_run_file_that_meets_a_full_disk_is_one_error_and_the_old_file_stays(tmp_path):
+    """config.toml, summary.json, report.md: written whole through a temp file; a full disk mid-write leaves
+    the previous file as it was and no temp file, and says so in one UserError."""
+    from turbotrain.rundir import write_run_file
+
+    path = tmp_path / "summary.json"
+    write_run_file(path, "old\n")
+    with file_size_limit(4096), pytest.raises(UserError, match=r"cannot write .*summary\.json.*free space"):
+        write_run_file(path, "x" * 100_000)
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_the_monitor_closes_its_metrics_files_when_an_earlier_part_fails_to_close(tmp_path, monkeypatch):
+    """A failure closing the alerts (an earlier part of RunMonitor.close) is raised, and metrics.jsonl is closed
+    and whole all the same."""
+    import torch
+
+    from turbotrain.distributed.env import DistEnv
+    from turbotrain.monitor.alerts import Alerts
+    from turbotrain.monitor.run_monitor import RunMonitor, StepCost
+
+    cost = StepCost(global_batch=8, tokens_per_sample=None, flops_per_sample=1.0, flops_source="test",
+                    peak_flops=None)
+    monitor = RunMonitor(tmp_path, DistEnv(), torch.device("cpu"), cost, steps=2, start_step=0, max_bad_steps=3,
+                         straggler_ratio=0.0)
+    monitor.logger.log(ROWS[0])
+
+    def broken(self, wait_s=0.0):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Alerts, "close", broken)
+    with pytest.raises(OSError, match="No space left"):
+        monitor.close()
+    assert monitor.logger.trackers == []  # every tracker closed
+    assert rows(tmp_path) == [ROWS[0]]

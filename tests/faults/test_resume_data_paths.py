@@ -33,3 +33,21 @@ def test_a_resume_with_dropout_continues_the_exact_curve(tmp_path, data):
     reference, resumed = losses(tmp_path / "whole" / "gpt2-124m"), losses(tmp_path / "cut" / "gpt2-124m")
     assert [s for s, _ in resumed] == list(range(1, STEPS + 1))
     assert resumed == reference  # bitwise: same losses, every step after the checkpoint included
+
+
+def test_a_resume_under_another_run_seed_keeps_the_checkpoints_seed_and_says_so(tmp_path, capsys):
+    """run.seed fixes the epoch's permutation: a new seed on resume would reshuffle the epoch half-way through
+    (some samples twice, some never) while the log said "kept data order"."""
+    common = [*RESUME_GPT, f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "data.device_resident=true",
+              "run.seed=1"]
+    train(load_config("gpt2-124m", [*common, f"run.out_dir={lit(tmp_path / 'whole')}"]))
+    cut = [*common, f"run.out_dir={lit(tmp_path / 'cut')}"]
+    with pytest.raises(UserError, match="crash for the test"):
+        train(load_config("gpt2-124m", cut), callbacks=[CrashAt(CRASH)])
+    capsys.readouterr()
+    assert train(load_config("gpt2-124m", [*cut, "run.seed=2"]))["resumed_from"] == EVERY
+    out = capsys.readouterr().out
+    assert "run.seed = 2 differs from the checkpoint's 1: kept 1" in out
+    assert losses(tmp_path / "cut" / "gpt2-124m") == losses(tmp_path / "whole" / "gpt2-124m")
+    written = load_config(str(tmp_path / "cut" / "gpt2-124m" / "config.toml"), [])
+    assert written.run.seed == 1  # the run's config says the seed it ran with

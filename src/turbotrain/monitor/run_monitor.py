@@ -4,6 +4,7 @@ calls it at three points: `after_step` every step (no device sync), `measure` + 
 `summary` at the end; `close` in a finally."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -170,12 +171,15 @@ class RunMonitor:
         }
 
     def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.stop()
-        self.alerts.close(wait_s=self.cfg.webhook_timeout_s)
-        if self.alerts.prometheus is not None:
-            self.alerts.prometheus.close()
-        self.logger.close()
+        """Watchdog, alerts, /metrics, then the metrics files: each part closes even when one before it
+        fails (a full disk under alerts.jsonl must not leave metrics.jsonl unflushed); the failure is raised."""
+        with contextlib.ExitStack() as parts:  # runs the callbacks last-registered first, each whatever happens
+            parts.callback(self.logger.close)
+            if self.alerts.prometheus is not None:
+                parts.callback(self.alerts.prometheus.close)
+            parts.callback(self.alerts.close, wait_s=self.cfg.webhook_timeout_s)
+            if self.watchdog is not None:
+                parts.callback(self.watchdog.stop)
 
 
 def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps: int) -> Alerts:
