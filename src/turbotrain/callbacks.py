@@ -20,11 +20,13 @@ From the config: `train.callbacks = ["mypkg.cbs:CountSteps"]` (built with no arg
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+import numpy as np
 from torch import nn
 
 from turbotrain.errors import UserError
@@ -116,8 +118,25 @@ class Hooks:
                 raise UserError(f"train.callbacks: on_log returned {type(extra).__name__}; return None or a dict "
                                 "of new metric names to numbers")
             for key, value in (extra or {}).items():
-                if key in row or not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise UserError(f"train.callbacks: on_log returned {key!r} = {value!r}; extra metrics need new "
-                                    "names and numeric values")
-                row[key] = value if math.isfinite(value) else None
+                row[key] = _extra_metric(key, value, row)
         self.row = MappingProxyType(dict(row))
+
+
+def _extra_metric(key: Any, value: Any, row: dict) -> float | int | None:
+    """A metric a callback's on_log adds, as the row holds it (non-finite: None, which JSON can hold). Its name
+    must be a new one on every row, not only on this one: evaluation rows add val_*, and a callback's val_loss
+    on the other rows would sit in metrics.jsonl as if measured. Its value must be a real number a float can
+    hold (TensorBoard's scalars are floats)."""
+    if not isinstance(key, str) or not key.strip() or key in row or key.startswith("val_"):
+        raise UserError(f"train.callbacks: on_log returned the metric name {key!r}; extra metrics need new names: "
+                        f"non-empty strings, not the trainer's ({', '.join(list(row)[:6])}, ...) nor val_* "
+                        f"(evaluation's)")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise UserError(f"train.callbacks: on_log returned {key!r} = {value!r:.80}; extra metrics need numeric "
+                        f"values (an int or a float)")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:
+        raise UserError(f"train.callbacks: on_log returned {key!r} = a number beyond what a float holds (about "
+                        f"1.8e308); scale it down") from None
+    return (value.item() if isinstance(value, np.generic) else value) if finite else None

@@ -660,12 +660,16 @@ class Checkpointer:
         if self.cfg.resume == "never":
             return None
         if self.cfg.resume != "auto":
-            path = Path(self.cfg.resume)
-            if not path.is_dir():
-                raise UserError(f"checkpoint.resume = {self.cfg.resume!r}: no such checkpoint folder")
+            path, key = Path(self.cfg.resume), f"checkpoint.resume = {self.cfg.resume!r}"
+            if not path.is_dir() or not (path / "meta.json").exists():  # a run's folder, say, or a typo
+                inside = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
+                what = "not a checkpoint folder (no meta.json)" if path.is_dir() else "no such folder"
+                example = inside[-1] if inside else "RUN/checkpoints/step-00001000"
+                raise UserError(f"{key}: {what}; name a checkpoint folder, e.g. {example}, or \"auto\" (the run's "
+                                f"latest)")
             problem = self.verify(path)
             if problem:
-                raise UserError(f"checkpoint.resume = {self.cfg.resume!r}: corrupt checkpoint ({problem})")
+                raise UserError(f"{key}: corrupt checkpoint ({problem}); name another checkpoint folder, or \"auto\"")
             return path
         for path in reversed(self.list()):
             problem = self.verify(path)

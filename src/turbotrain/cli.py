@@ -205,7 +205,10 @@ def _bench(args: argparse.Namespace) -> None:
 
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants is not None else None
+    if variants == []:  # `--variants ""` (an unset shell variable, say) is not a request for the default set
+        raise UserError("--variants names no variant; give a comma list, e.g. --variants baseline,compile, or leave "
+                        "it out for the default set")
     compare = [c.strip() for c in args.compare.split(",") if c.strip()]
     run_bench(args.config, args.overrides, variants, args.repeats, args.converge, compare)
 

@@ -369,6 +369,15 @@ def check_loss_value(loss: Any, who: str) -> None:
                         f"compute it from the model's output with torch ops")
 
 
+def check_eval_value(v: Any, who: str, loss: bool) -> None:
+    """Evaluation runs the model in eval mode under no_grad, a path the train-mode checks of the first batch
+    did not take: the model's output must be a tensor, a loss a one-number floating-point tensor."""
+    if not isinstance(v, torch.Tensor) or (loss and (v.numel() != 1 or not v.is_floating_point())):
+        want = "a one-number floating-point tensor" if loss else "the output tensor"
+        raise UserError(f"evaluation: in eval mode {who} returned {_describe(v)}; return {want}, as in training "
+                        f"(eval mode: model.eval() under torch.no_grad())")
+
+
 def metric_value(v: Any, who: str, device: torch.device) -> torch.Tensor:
     """An eval metric's value for one batch as a float64 0-dim tensor on `device`: a Python/numpy number or a
     one-element numeric tensor (read without a host sync); anything else is one UserError naming the metric."""

@@ -7,6 +7,7 @@ Usage: `run = prepare(cfg)`; the trainer's loop and `profile` take it from there
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, replace
@@ -64,7 +65,8 @@ class Run:
         tr = self.trainee
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
                 "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
-                "seed": self.cfg.run.seed, "config": to_toml(self.cfg)}
+                "seed": self.cfg.run.seed, "data": data_identity(self.cfg, self.batches.sampler.n),
+                "config": to_toml(self.cfg)}
         path = self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta, wait=wait)
         return sealed if self.ckpt.in_flight else [*sealed, (step, path)]
 
@@ -123,7 +125,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
     trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
     cfg = _measured_attention(cfg, trainee, sample)
-    start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch)
+    start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
     if env.is_main and not probe:
         if start_step == 0 and (moved := rundir.set_aside()):
             say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
@@ -218,7 +220,8 @@ def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Con
                     flops_per_sample=fps, flops_source=source, peak_flops=peak_flops(device, cfg.precision.dtype))
 
 
-def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int) -> tuple[int, Config]:
+def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_batch: int,
+            samples: int) -> tuple[int, Config]:
     """The step to start from (0, or the step of the checkpoint `checkpoint.resume` names, loaded; under
     "auto" a damaged one falls back to the previous good one: `ckpt.loaded` is the one restored), and the
     config to go on with: the checkpoint's run.seed, which fixes the data order of the epoch under way."""
@@ -234,15 +237,28 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
     if step >= t.steps:
         raise UserError(f"the run already reached step {step} ({ckpt.loaded}) and asks for train.steps={t.steps}: "
                         f"nothing to do; raise train.steps to continue it, or choose another run.name for a new run")
-    changed = _apply_hyperparameters(tr, cfg)
+    changed, meta = _apply_hyperparameters(tr, cfg), ckpt.loaded_meta
+    was, now = meta.get("data"), data_identity(cfg, samples)
+    moved = [f"{k} {was[k]!r} → {now[k]!r}" for k in now if isinstance(was, dict) and was.get(k) != now[k]]
     say(f"resumed from step {step} ({ckpt.loaded}): kept the model, optimizer, LR schedule position, loss scaler, "
-        f"RNG and data order" + (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
-    seed = ckpt.loaded_meta.get("seed")
+        f"RNG" + (" and data order" if not moved else "") +
+        (f"; applied the new {', '.join(changed)} from here on" if changed else ""))
+    if moved:  # deliberate (more data, say), as a new lr is: done, and said
+        say(f"warning: the training data changed since the checkpoint ({'; '.join(moved)}): from step {step} on "
+            f"batches follow this data's order, so the epoch under way may repeat or skip samples")
+    seed = meta.get("seed")
     if type(seed) is int and seed != cfg.run.seed:  # a new seed would reshuffle the epoch half-way through
         say(f"warning: run.seed = {cfg.run.seed} differs from the checkpoint's {seed}: kept {seed} (the data order "
             f"and RNG state are the checkpoint's); use another run.name for a run with seed {cfg.run.seed}")
         cfg = replace(cfg, run=replace(cfg.run, seed=seed))
     return step, cfg
+
+
+def data_identity(cfg: Config, samples: int) -> dict:
+    """What fixes the training data's order: which data (name, args as JSON holds them) and how many samples
+    (the Python API's train_data has only its length). A checkpoint keeps it to tell a resume on other data."""
+    return {"data.name": cfg.data.name, "data.args": json.loads(json.dumps(cfg.data.args, default=str, sort_keys=True)),
+            "samples": samples}
 
 
 def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -13,7 +14,7 @@ from turbotrain.accel import precision
 from turbotrain.accel.compile import disable_compile, is_compile_error
 from turbotrain.accel.fp8 import fp8_shape_error
 from turbotrain.accel.optim import clip_grad_norm
-from turbotrain.contract import metric_value
+from turbotrain.contract import check_eval_value, metric_value
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import eval_batches
 from turbotrain.distributed.ddp import DDP, grad_sync
@@ -23,7 +24,7 @@ from turbotrain.errors import UserError
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
 from turbotrain.pipeline import Trainee
-from turbotrain.plugins import call_user, factory_label
+from turbotrain.plugins import call_user, factory_label, where
 
 
 @dataclass
@@ -138,6 +139,33 @@ def first_train_step(tr: Trainee, micro_batches: list, clip: float):
         return train_step(tr, micro_batches, clip)
 
 
+class EvalFailed(UserError):
+    """The user's val data, eval-mode model or eval metric failed in an evaluation: training itself is fine."""
+
+
+_EVAL_MODE = "fix it there (training's checks ran it in train mode; evaluation runs model.eval() under no_grad)"
+
+
+@contextmanager
+def _users(what: str, fix: str):
+    """Evaluation meets val items and an eval-mode path that the checks of the first batch did not: the user's
+    dataset, model or metric failing there is one EvalFailed naming it, as a training batch's failure is a
+    UserError (a compiler error is not theirs: it passes)."""
+    try:
+        yield
+    except EvalFailed:
+        raise
+    except UserError as e:  # a check's verdict, already one line
+        raise EvalFailed(str(e)) from e
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as e:
+        if is_compile_error(e):
+            raise
+        text = " ".join(str(e).split())[:200] or "(no message)"
+        raise EvalFailed(f"evaluation: {what} failed: {type(e).__name__}: {text}{where(e)}; {fix}") from e
+
+
 @torch.no_grad()
 def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: int, env: DistEnv,
              metrics: dict | None = None) -> dict:
@@ -157,23 +185,27 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     tr.model.eval()
     sums = torch.zeros(3 + len(metrics), dtype=torch.float64, device=tr.device)  # loss, correct, total, metrics
     for idx in batches:
-        batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
-        x, y = (t.to(tr.device, non_blocking=True) for t in batch)
-        with precision.autocast(tr.dtype, tr.device):
+        with _users("reading a validation batch", "every val item is an (inputs, targets) pair like the train items"):
+            batch = ds.gather(idx) if isinstance(ds, TensorDataset) else default_collate([ds[int(i)] for i in idx])
+            x, y = (t.to(tr.device, non_blocking=True) for t in batch)
+        with _users("the model or the loss in eval mode", _EVAL_MODE), precision.autocast(tr.dtype, tr.device):
             if pp:  # only the last stage has outputs and loss; the sum over ranks below is its sums
                 out, loss = pp.eval_step(x, y)
                 if out is None:
                     continue
             else:
                 out = net(x, y) if loss_fn is None else net(x)
+                check_eval_value(out, "forward(inputs, targets)" if loss_fn is None else "the model", loss_fn is None)
                 loss = out if loss_fn is None else loss_fn(out, y)
+                check_eval_value(loss, "the loss", loss=True)
             sums[0] += loss.float()
         if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
             sums[1] += (out.argmax(-1) == y).sum()
             sums[2] += y.numel()
         for i, (name, fn) in enumerate(metrics.items()):
-            sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),
-                                        f"train.eval_metrics: {factory_label(fn)}", tr.device)
+            with _users(f"train.eval_metrics: {factory_label(fn)}", "fix it there"):
+                sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),
+                                            f"train.eval_metrics: {factory_label(fn)}", tr.device)
     tr.model.train()
     # sync point, once per eval: sums over ranks
     total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]

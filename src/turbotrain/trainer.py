@@ -28,7 +28,7 @@ from turbotrain.log import Heartbeat, say
 from turbotrain.monitor.run_monitor import RunMonitor
 from turbotrain.prepare import Run, check_config, prepare
 from turbotrain.rundir import write_run_file
-from turbotrain.step import evaluate, first_train_step, train_step
+from turbotrain.step import EvalFailed, evaluate, first_train_step, train_step
 
 if TYPE_CHECKING:
     from turbotrain.losses import LossFn
@@ -113,7 +113,11 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         if is_log or is_eval:
             row = monitor.measure(done, loss, grad_norm, tr.sched.get_last_lr()[0], run.batches.wait_s)  # sync point
             if is_eval:
-                row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, metrics))
+                try:
+                    row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, metrics))
+                except EvalFailed as e:
+                    monitor.write(row, run.batches.wait_s)  # the step's own figures, measured: kept
+                    raise _saved_first(run, hooks, done, e, loss, grad_norm) from None
             hooks.log(row)
             monitor.write(row, run.batches.wait_s)
             if is_eval:
@@ -133,6 +137,18 @@ def _save(run: Run, hooks: Hooks, step: int, wait: bool = True) -> None:
     """Save; `on_checkpoint` sees each checkpoint once it is on disk (an async one: at the next save)."""
     for saved_step, path in run.save_checkpoint(step, wait=wait):
         hooks.call("on_checkpoint", saved_step, path)
+
+
+def _saved_first(run: Run, hooks: Hooks, done: int, error: EvalFailed, loss, grad_norm) -> EvalFailed:
+    """The user's val data or eval-mode model failing ends the run, but the bug is not in the training: in one
+    process the steps trained since the last checkpoint are saved first (with several ranks the others may
+    wait in a collective, and a save would hang with them)."""
+    if not run.cfg.checkpoint.every or run.env.world_size > 1 or not _finite(run, loss, grad_norm):
+        return error
+    _save(run, hooks, done)
+    after = (f"a rerun resumes from step {done}" if done < run.cfg.train.steps else
+             f"`turbotrain export {run.rundir.path} --format safetensors` writes the model from it")
+    return EvalFailed(f"{error} (the {done} steps trained are saved in checkpoints/step-{done:08d}: {after})")
 
 
 def _finite(run: Run, loss, grad_norm) -> bool:

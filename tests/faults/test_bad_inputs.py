@@ -71,6 +71,12 @@ def _malformed_toml(tmp: Path) -> None:
     (tmp / "broken.toml").write_text(MALFORMED)
 
 
+def _run_folder(tmp):
+    """A run's folder where checkpoint.resume wants one of its checkpoints (those are folders with meta.json)."""
+    for step in (2, 4):
+        (tmp / "run" / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+
+
 def _file_in_the_way(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory")
 
@@ -171,10 +177,13 @@ CASES = [
     case("checkpoint-keep-zero", [BASE, "checkpoint.keep=0"], ["checkpoint.keep", "0"]),
     case("checkpoint-resume-not-a-string", [BASE, "checkpoint.resume=5"], ["checkpoint.resume", "string"]),
     case("checkpoint-resume-path-missing", [BASE, "checkpoint.resume={tmp}/nope/step-00000002"],
-         ["checkpoint.resume", "no such checkpoint folder"]),
+         ["checkpoint.resume", "no such folder", '"auto"']),
     case("checkpoint-resume-path-is-a-file", [BASE, "checkpoint.resume={tmp}/afile"],
-         ["checkpoint.resume", "no such checkpoint folder"], _file_in_the_way),
-    case("checkpoint-resume-empty-folder", [BASE, "checkpoint.resume={tmp}"], ["checkpoint.resume", "corrupt"]),
+         ["checkpoint.resume", "no such folder"], _file_in_the_way),
+    case("checkpoint-resume-empty-folder", [BASE, "checkpoint.resume={tmp}"],
+         ["checkpoint.resume", "not a checkpoint folder", "no meta.json"]),
+    case("checkpoint-resume-a-run-folder", [BASE, "checkpoint.resume={tmp}/run"],
+         ["not a checkpoint folder", "e.g. ", "run/checkpoints/step-00000004"], _run_folder),
     # ------------------------------------------------ fp8, fused loss, attention "auto", compile caches
     case("fp8-unknown-recipe", [BASE, 'precision.fp8="blockwise"'], ['precision.fp8 = "blockwise"', '"rowwise"']),
     case("fp8-not-a-string", [BASE, "precision.fp8=1"], ["precision.fp8 = 1", '"tensorwise"']),

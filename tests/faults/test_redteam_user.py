@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import turbotrain
-from tests.faults.common import BASE_TOML, error_line, lit, rows
+from tests.faults.common import BASE_TOML, error_line, lit, loss_rows, rows
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
@@ -45,6 +45,21 @@ CLI_CASES = [
     ("callback-init-raises", [f'train.callbacks=["{R}InitRaises"]'], ["train.callbacks", "InitRaises", "bad init"],
      None),
     ("callback-on-log-list", [f'train.callbacks=["{R}LogReturnsList"]'], ["on_log returned list", "dict"], None),
+    ("callback-on-log-int-name", [f'train.callbacks=["{R}LogNonStringKey"]'], ["metric name 1", "new names"], None),
+    ("callback-on-log-val-name", [f'train.callbacks=["{R}LogValLoss"]'], ["'val_loss'", "val_*"], None),
+    ("callback-on-log-huge-int", [f'train.callbacks=["{R}LogHugeInt"]'], ["'count'", "beyond what a float"], None),
+    ("val-item-raises", [f'data.name="{R}val_fails_at"'], ["evaluation", "LookupError", "val item 4", "redteam.py:"],
+     None),
+    ("val-item-narrower", [f'data.name="{R}val_fails_at"', 'data.args.mode="narrow"'],
+     ["evaluation", "validation batch", "stack"], None),
+    ("eval-forward-raises", [f'model.name="{R}eval_mode"'], ["evaluation", "eval mode", "NotImplementedError",
+                                                             "redteam.py:"], None),
+    ("eval-forward-pair", [f'model.name="{R}eval_mode"', 'model.args.mode="pair"'],
+     ["evaluation", "the model returned a tuple", "output tensor"], None),
+    ("eval-model-loss-int", [f'model.name="{R}eval_mode"', 'model.args.mode="int"', 'train.loss="model"'],
+     ["evaluation", "forward(inputs, targets) returned an int64", "floating-point"], None),
+    ("data-item-0-raises", [f'data.name="{R}no_item_zero"'], ["no_item_zero", "__getitem__(0)", "KeyError"], None),
+    ("data-len-negative", [f'data.name="{R}negative_len"'], ["negative_len", "len()", "ValueError"], None),
     ("metric-vector", [f'train.eval_metrics=["{R}metric_vector"]'], ["metric_vector", "shape (8,)", "one number"],
      None),
     ("metric-none", [f'train.eval_metrics=["{R}metric_none"]'], ["metric_none returned None"], None),
@@ -174,3 +189,22 @@ def test_a_path_object_set_on_a_loaded_config_is_taken_as_its_text(tmp_path):
     cfg.run.out_dir = Path(tmp_path)
     turbotrain.train(cfg)
     assert 'out_dir = "' + str(tmp_path) in (tmp_path / "gpt-shakespeare" / "config.toml").read_text()
+
+
+def test_an_evaluation_failure_saves_the_steps_trained_and_the_fixed_rerun_continues_the_curve(tmp_path, capsys):
+    """The user's val data failing at an evaluation step ends the run with one error line, but the training
+    is not the problem: its steps are saved first, and once the data is fixed a rerun resumes there and
+    continues the exact loss curve (checkpoint.every alone would have saved nothing before step 4)."""
+    common = ["train.steps=6", "train.eval_every=2", "checkpoint.every=4", f'data.name="{R}val_fails_at"']
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path / 'whole')}", *common,
+                 "data.args.at=1000000"]) == 0
+    cut = ["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path / 'cut')}", *common]
+    capsys.readouterr()
+    assert main([*cut, "data.args.at=4"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "val item 4" in line and "steps trained are saved in checkpoints/step-00000002" in line, line
+    assert "a rerun resumes from step 2" in line, line
+    assert main([*cut, "data.args.at=1000000"]) == 0
+    assert loss_rows(tmp_path / "cut" / "fault") == loss_rows(tmp_path / "whole" / "fault")
+    # step 2's row holds its training figures; its val_loss is the one evaluation that failed
+    assert [r["step"] for r in rows(tmp_path / "cut" / "fault") if "val_loss" in r] == [4, 6]

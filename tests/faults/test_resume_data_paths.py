@@ -51,3 +51,20 @@ def test_a_resume_under_another_run_seed_keeps_the_checkpoints_seed_and_says_so(
     assert losses(tmp_path / "cut" / "gpt2-124m") == losses(tmp_path / "whole" / "gpt2-124m")
     written = load_config(str(tmp_path / "cut" / "gpt2-124m" / "config.toml"), [])
     assert written.run.seed == 1  # the run's config says the seed it ran with
+
+
+@pytest.mark.parametrize("change, said", [("data.args.size=128", "samples 256 → 128"),
+                                          ("data.args.seed=99", "data.args")])
+def test_a_resume_on_changed_training_data_says_the_data_order_is_not_kept(tmp_path, capsys, change, said):
+    """Other data (more samples, other args) is a deliberate change, as a new lr is: the resume goes on and
+    says that the batches now follow the new data's order, instead of claiming it kept the data order."""
+    cut = [*RESUME_GPT, f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "data.device_resident=true",
+           f"run.out_dir={lit(tmp_path)}"]
+    with pytest.raises(UserError, match="crash for the test"):
+        train(load_config("gpt2-124m", cut), callbacks=[CrashAt(CRASH)])
+    capsys.readouterr()
+    assert train(load_config("gpt2-124m", [*cut, change]))["resumed_from"] == EVERY
+    out = capsys.readouterr().out
+    assert "loss scaler, RNG;" in out or "loss scaler, RNG\n" in out, out
+    assert "and data order" not in out
+    assert "the training data changed since the checkpoint" in out and said in out, out

@@ -223,3 +223,93 @@ def loss_returns_int_tensor(out, y):
 def loss(out, y):
     """An eval metric whose name would collide with val_loss."""
     return 0.0
+
+
+# ---- the user's code failing where only evaluation (eval mode, no_grad, every val item) goes
+
+
+class ValFailsAt(Dataset):
+    """A regression split whose items from `at` on fail (val only: training's checks read items 0 and 1)."""
+
+    def __init__(self, split, n=64, dim=8, at=4, mode="raise"):
+        g = torch.Generator().manual_seed(0 if split == "train" else 1)
+        self.x, self.y = torch.randn(n, dim, generator=g), torch.randn(n)
+        self.split, self.at, self.mode = split, at, mode
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.split == "val" and i >= self.at:
+            if self.mode == "raise":
+                raise LookupError(f"val item {i} is gone")
+            return self.x[i][:3], self.y[i]  # a narrower item: cannot be batched with the first ones
+        return self.x[i], self.y[i]
+
+
+def val_fails_at(split, n=64, dim=8, at=4, mode="raise"):
+    return ValFailsAt(split, n, dim, at, mode)
+
+
+class EvalMode(nn.Module):
+    """Trains fine; in eval mode its forward raises, returns a pair, or (train.loss = "model") an int loss."""
+
+    def __init__(self, dim=8, mode="raise"):
+        super().__init__()
+        self.fc, self.mode = nn.Linear(dim, 1), mode
+
+    def forward(self, x, y=None):
+        out = self.fc(x).squeeze(-1)
+        if self.training:
+            return out if y is None else ((out - y) ** 2).mean()
+        if self.mode == "raise":
+            raise NotImplementedError("no eval path yet")
+        if self.mode == "pair":
+            return out, x
+        return torch.tensor(3)
+
+
+def eval_mode(dim=8, mode="raise"):
+    return EvalMode(dim, mode)
+
+
+class NoItemZero(Dataset):
+    """Keyed from 1, as a dict-backed dataset may be: item 0 raises KeyError."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 0:
+            raise KeyError(i)
+        return torch.randn(8), torch.randn(())
+
+
+def no_item_zero(split):
+    return NoItemZero()
+
+
+class NegativeLen(NoItemZero):
+    def __len__(self):
+        return -1
+
+
+def negative_len(split):
+    return NegativeLen()
+
+
+class LogNonStringKey(Callback):
+    def on_log(self, state):
+        return {1: 0.5}
+
+
+class LogValLoss(Callback):
+    """A name only evaluation rows hold: on the other rows it would pass for a measured val_loss."""
+
+    def on_log(self, state):
+        return {"val_loss": 0.5}
+
+
+class LogHugeInt(Callback):
+    def on_log(self, state):
+        return {"count": 10**400}

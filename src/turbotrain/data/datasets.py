@@ -19,6 +19,7 @@ from turbotrain.contract import choice_arg, float_arg, int_arg
 from turbotrain.data.fetch import checksums, fetch, file_sha256, read_idx, record_checksums, write_atomic
 from turbotrain.errors import UserError
 from turbotrain.log import say
+from turbotrain.plugins import call_user
 
 
 class TensorDataset(Dataset):
@@ -261,9 +262,9 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or isinstance(ds, (str, bytes, torch.Tensor)):
         raise UserError(f"{who}: got {type(ds).__name__}, not a map-style Dataset (an object with __getitem__ and "
                         f"__len__ whose items are (inputs, targets)), e.g. torch.utils.data.TensorDataset(x, y)")
-    if isinstance(ds, (TensorDataset, DictItems)) or not len(ds):
+    if isinstance(ds, (TensorDataset, DictItems)) or not call_user(len, f"{who}: len()", ds):
         return ds
-    first = ds[0]
+    first = call_user(ds.__getitem__, f"{who}: __getitem__(0)", 0)
     if not isinstance(first, dict):
         return ds
     keys = dict_item_keys(first, who)

@@ -141,9 +141,9 @@ class Batches:
         self.who, self.signature = who, None  # `first` batch's (shape[1:], dtype) of inputs and targets
         if first is not None:
             self.signature = tuple((tuple(t.shape[1:]), t.dtype) for t in first)
-        self.resident = resident
+        self.resident, self.sampler = resident, sampler
         if resident:
-            self.ds, self.sampler = ds.to(device), sampler
+            self.ds = ds.to(device)
             self._it = self._resident_indices()
         else:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
