@@ -7,9 +7,11 @@ Usage: `cfg = load_config("gpt-shakespeare", ["train.steps=30", "precision.dtype
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import re
+import sys
 import tomllib
 import types
 import typing
@@ -103,7 +105,10 @@ def show_value(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return str(value).lower()
-    return " ".join(repr(value).split())
+    try:
+        return " ".join(repr(value).split())
+    except ValueError:  # an integer past Python's int-to-text limit (a long hex literal in TOML)
+        return f"<a {type(value).__name__} too large to show>"
 
 
 def _bad_text(value: str) -> str | None:
@@ -130,7 +135,7 @@ def _build_section(cls: type, table: Any, section: str) -> Any:
         if isinstance(value, float) and not math.isfinite(value) and not fields[key].metadata.get("nonfinite"):
             raise UserError(f"{section}.{key} = {show_value(value)}: must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
-            raise UserError(f"{section}.{key} = {value}: out of range (a 64-bit integer at most)")
+            raise UserError(f"{section}.{key} = {show_value(value)}: out of range (a 64-bit integer at most)")
         if isinstance(value, str) and _bad_text(value):
             rule = getattr(cls, f"{key.upper()}_RULE", None)  # e.g. RunConfig.NAME_RULE
             raise UserError(f"{section}.{key} = {show_value(value)}: {_bad_text(value)}; {rule or 'remove it'}")
@@ -156,14 +161,41 @@ def parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except ValueError:  # tomllib's int() past Python's int-to-text limit: a traceback otherwise
+        raise UserError(f"{show_value(text[:40])}...: an integer of more than {sys.get_int_max_str_digits()} digits; "
+                        "use a smaller number") from None
+
+
+def _override_key(item: str) -> tuple[list[str], str] | None:
+    """(dotted key's parts, value text) of KEY=VALUE, or None. A key with quotes is read as TOML reads it
+    (`args."a b"` is the key `a b`, `args."x.y"` one key); the `=` is the first one that ends a whole key,
+    since a quoted part may hold one. An unquoted key splits on dots, so non-ASCII names (not TOML bare keys)
+    still work."""
+    for i, c in enumerate(item):
+        if c != "=":
+            continue
+        lhs, text = item[:i], item[i + 1:]
+        if '"' not in lhs and "'" not in lhs:
+            parts = [p.strip() for p in lhs.split(".")]
+            return (parts, text) if all(parts) else None
+        try:
+            node: Any = tomllib.loads(f"{lhs} = 0")
+        except tomllib.TOMLDecodeError:
+            continue
+        parts = []
+        while isinstance(node, dict) and len(node) == 1:
+            (key, node), = node.items()
+            parts.append(key)
+        return (parts, text) if node == 0 else None
+    return None
 
 
 def apply_override(raw: dict, item: str) -> None:
-    key, eq, text = item.partition("=")
-    parts = key.strip().split(".")
-    if not eq or len(parts) < 2 or not all(p.strip() for p in parts):
-        raise UserError(f"override {show_value(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30")
-    *path, last = (p.strip() for p in parts)
+    split = _override_key(item)
+    if split is None or len(split[0]) < 2:
+        raise UserError(f"override {show_value(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30 "
+                        '(quote a key holding spaces or dots: model.args."a b"=1)')
+    (*path, last), text = split
     node = raw
     for part in path:
         node = node.setdefault(part, {})
@@ -251,6 +283,9 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{where}: malformed TOML ({' '.join(str(e).split())})") from None
+    except ValueError:  # tomllib's int() past Python's int-to-text limit: a traceback otherwise
+        raise UserError(f"{where}: an integer of more than {sys.get_int_max_str_digits()} digits; "
+                        "use a smaller number") from None
     own = dict(raw)
     parent_name = raw.pop("extends", None)
     if parent_name is not None:  # a user TOML may start from a preset or another file: extends = "gpt-shakespeare"
@@ -293,16 +328,16 @@ def load_config(source: str | None = None, overrides: list[str] | tuple[str, ...
     if src.path is not None and not (isinstance(own_run, dict) and "name" in own_run) \
             and isinstance(raw.get("run", {}), dict):
         raw["run"] = {**raw.get("run", {}), "name": name_from_stem(src.path.stem)}
-    base = {sec: dict(raw[sec]) if isinstance(raw.get(sec), dict) else {} for sec in ("model", "data")}
+    given: dict = {}  # the command line's overrides alone, to see which factories it names
+    for item in overrides:
+        apply_override(given, item)
+    for sec in ("model", "data"):  # another factory named: the old one's args go BEFORE the overrides apply,
+        # so every args key the command line gives, in any form (args={..}, args.a.b=1, args."k"=1), stays
+        section = raw.get(sec)
+        if "name" in given.get(sec, {}) and isinstance(section, dict) and given[sec]["name"] != section.get("name"):
+            raw[sec] = {k: v for k, v in section.items() if k != "args"}
     for item in overrides:
         apply_override(raw, item)
-    for sec, before in base.items():  # another factory named on the command line: the preset's args go
-        now = raw.get(sec, {})
-        if isinstance(now, dict) and "name" in now and now["name"] != before.get("name") and "args" in before:
-            given = {k.split("=", 1)[0].strip().split(".", 2)[2] for k in overrides
-                     if k.strip().startswith(f"{sec}.args.") and "=" in k}
-            args = now.get("args", {})
-            now["args"] = {k: v for k, v in args.items() if k in given} if isinstance(args, dict) else args
     return config_from_dict(raw)
 
 
@@ -329,7 +364,10 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return _toml_str(v)
     if isinstance(v, int):
-        return str(v)
+        try:
+            return str(v)
+        except ValueError:  # past Python's int-to-text limit: only a long hex literal (TOML reads it back) made it
+            return hex(v)
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"
@@ -338,6 +376,8 @@ def _toml_value(v: Any) -> str:
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    if isinstance(v, (datetime.date, datetime.time)):  # TOML's own date/time literals read back as the same value
+        return v.isoformat()
     if hasattr(v, "item") and callable(v.item):  # numpy / torch scalars
         return _toml_value(v.item())
     return _toml_str(str(v))  # paths and the like

@@ -8,8 +8,9 @@
 
 Usage:
     model = turbotrain.load("runs/gpt-shakespeare")            # eval mode, on the GPU when there is one
+    model = turbotrain.load("runs/my", model=MyModel())        # a run trained on `train(cfg, model=MyModel())`
     turbotrain export runs/my-hf-run --format hf [--out DIR]    # AutoModelFor*.from_pretrained(DIR) loads it
-    turbotrain export runs/gpt-shakespeare --format safetensors # model.safetensors + config.toml in DIR
+    turbotrain export runs/gpt-shakespeare --format safetensors # model.safetensors + config.toml (+ final.json)
 A run without final/ (stopped before the end) is exported from its latest checkpoint: state.pt, or the
 sharded dcp/ of FSDP2 consolidated into one file.
 """
@@ -99,7 +100,7 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg))
         info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
-                "class": f"{type(user).__module__}.{type(user).__qualname__}", "torch": torch.__version__}
+                "class": _class_name(user), "torch": torch.__version__}
         (tmp / "final.json").write_text(json.dumps(info, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -118,8 +119,9 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
     if not root.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
     for d in (root / FINAL, root):
-        if (d / WEIGHTS).is_file() and (d / "config.toml").is_file():
+        if (d / WEIGHTS).is_file():
             _check_final(d)
+            _check_config(d)
             return d
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
                     f"--format safetensors` writes one from its latest checkpoint")
@@ -144,6 +146,65 @@ def _check_final(final: Path) -> None:
                         f"move {final} aside and run `turbotrain export` again to rebuild it from a checkpoint")
 
 
+def _check_config(final: Path) -> None:
+    """config.toml is what rebuilds the model: a missing or damaged one is refused here, with where to restore
+    it from, rather than blamed on the weights ("did not finish") or copied into an export as is."""
+    from turbotrain.config import load_config
+
+    path = final / "config.toml"
+    if not path.is_file():
+        raise UserError(f"{path} is missing (the weights are there, but not the config that says which model they "
+                        f"fit); {_config_fix(final)}")
+    try:
+        load_config(str(path))
+    except UserError as e:
+        why = " ".join(str(e).removeprefix(f"{path}: ").split())[:200]
+        raise UserError(f"{path} is damaged ({why}); {_config_fix(final)}") from None
+
+
+def _config_fix(final: Path) -> str:
+    """How to restore final/config.toml: the run's own config.toml holds the same effective config (written
+    before step 1, rewritten on resume) when it is there and sound; else the config the run was trained with."""
+    from turbotrain.config import load_config
+
+    own = final.parent / "config.toml"
+    if final.name == FINAL and own.is_file():
+        try:
+            load_config(str(own))
+            return f"restore it from the run's own copy: cp {own} {final / 'config.toml'}"
+        except UserError:
+            pass  # damaged too: suggesting it would send the user round in a loop
+    return (f"write the config the run was trained with there (`turbotrain config CONFIG [KEY=VALUE ...] > "
+            f"{final / 'config.toml'}`; each checkpoint's meta.json holds a copy under \"config\")")
+
+
+def _class_name(model: nn.Module) -> str:
+    """The model's own class as `module.qualname`, past the subclass FSDP2's fully_shard swaps in (FSDPGPT)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_class(final: Path, model: nn.Module, run_dir: str | os.PathLike) -> None:
+    """final.json records the class trained; config.toml only the config's model.name. They differ when the
+    run was trained on a model passed in code (`train(cfg, model=...)`): the config's model would be another
+    one (another forward, maybe other weights), so it is refused with the way to load into the user's own."""
+    info_path = final / "final.json"
+    if not info_path.is_file():
+        return  # an export without final.json: config.toml is all there is
+    info = json.loads(info_path.read_text())  # _check_final has vetted it
+    trained, built = info.get("class"), _class_name(model)
+    # runs written before _class_name recorded FSDP2's wrapper class (torch.distributed...FSDPGPT)
+    legacy = isinstance(trained, str) and trained.startswith("torch.distributed.") \
+        and trained.rsplit(".", 1)[-1] == "FSDP" + type(model).__name__
+    if not isinstance(trained, str) or trained == built or legacy:
+        return
+    raise UserError(f"{run_dir}: trained on a model passed in code ({trained}), not the {built} its config.toml "
+                    f"builds (model.name = {info.get('model')!r}); load the weights into your own instance: "
+                    f"`turbotrain.load({str(run_dir)!r}, model={trained.rsplit('.', 1)[-1]}(...))`")
+
+
 def _build(config_toml: Path) -> tuple[nn.Module, object]:
     """The model as the run's config builds it, on the CPU (its weights are replaced next)."""
     from turbotrain.config import load_config
@@ -153,26 +214,45 @@ def _build(config_toml: Path) -> tuple[nn.Module, object]:
     return build_model(cfg.model), cfg
 
 
-def load(run_dir: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
+def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
+         model: nn.Module | None = None) -> nn.Module:
     """The trained model of a finished run, in eval mode on `device` (None: the GPU when there is one).
     Usage: `model = turbotrain.load("runs/gpt-shakespeare"); logits = model(ids)`. An HF model comes as
-    turbotrain's adapter: `.hf` is the `transformers` model (`.generate`, `.save_pretrained`)."""
-    from safetensors.torch import load_model
-
+    turbotrain's adapter: `.hf` is the `transformers` model (`.generate`, `.save_pretrained`). A run trained
+    on a model passed in code: `turbotrain.load(run, model=MyModel())` loads the weights into that instance."""
     final = _final_dir(run_dir)
-    model, _ = _build(final / "config.toml")
-    try:
-        missing, unexpected = load_model(model, str(final / WEIGHTS), strict=False)
-    except RuntimeError as e:  # a shape mismatch: the config no longer builds this model
-        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds "
-                        f"({str(e).splitlines()[0][:200]})") from None
-    if missing or unexpected:
-        raise UserError(f"{final / WEIGHTS}: does not fit the model its config.toml builds (missing "
-                        f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    if model is None:
+        model, _ = _build(final / "config.toml")
+        _check_class(final, model, run_dir)
+        into = "the model its config.toml builds"
+        fix = (f"if the run was trained on a model passed in code, load into an instance of it: "
+               f"`turbotrain.load({str(run_dir)!r}, model=MyModel(...))`; else restore the config.toml the run wrote")
+    elif not isinstance(model, nn.Module):
+        raise UserError(f"load(model={model!r}): expected an nn.Module instance of the model the run trained, "
+                        "e.g. model=MyModel(...)")
+    else:
+        into = f"the model passed ({_class_name(model)})"
+        fix = "pass an instance of the model the run trained, built with the same arguments"
+    _load_weights(model, final / WEIGHTS, into, fix)
     _for_inference(model)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device).eval()
+
+
+def _load_weights(model: nn.Module, weights: Path, into: str, fix: str) -> None:
+    """`weights` into `model`, every tensor and shape matching (tied duplicates are tied by the model itself)."""
+    from safetensors.torch import load_model
+
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except RuntimeError as e:  # a shape mismatch
+        why = " ".join(str(e).split())[:200]
+    else:
+        if not missing and not unexpected:
+            return
+        why = f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+    raise UserError(f"{weights}: does not fit {into} ({why}); {fix}")
 
 
 def _for_inference(model: nn.Module) -> None:
@@ -195,8 +275,10 @@ def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None =
         _final_from_checkpoint(root)
     if fmt == "safetensors":
         final = _final_dir(root)
-        for name in (WEIGHTS, "config.toml"):
-            shutil.copyfile(final / name, dest / name)
+        # final.json too: its class record lets `load` on the export refuse a config that builds another model
+        for name in (WEIGHTS, "config.toml", "final.json"):
+            if (final / name).is_file():
+                shutil.copyfile(final / name, dest / name)
     else:
         _export_hf(root, dest)
     say(f"export: {fmt} → {dest}")

@@ -69,7 +69,7 @@ def test_export_cli_safetensors_and_hf_refused_for_a_builtin_model(finished, tmp
     run_dir, _ = finished
     monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts the current directory first
     assert main(["export", str(run_dir), "--format", "safetensors", "--out", str(tmp_path / "st")]) == 0
-    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["config.toml", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["config.toml", "final.json", "model.safetensors"]
     capsys.readouterr()
     assert main(["export", str(run_dir), "--format", "hf"]) == 2
     err = capsys.readouterr().err
