@@ -29,6 +29,7 @@ from torch import nn
 from turbotrain.errors import UserError
 from turbotrain.files import sha256
 from turbotrain.log import say
+from turbotrain.models.structure import model_class_name
 
 FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
 
@@ -100,7 +101,7 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg))
         info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
-                "class": _class_name(user), "torch": torch.__version__}
+                "class": model_class_name(user), "torch": torch.__version__}
         (tmp / "final.json").write_text(json.dumps(info, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -178,14 +179,6 @@ def _config_fix(final: Path) -> str:
             f"{final / 'config.toml'}`; each checkpoint's meta.json holds a copy under \"config\")")
 
 
-def _class_name(model: nn.Module) -> str:
-    """The model's own class as `module.qualname`, past the subclass FSDP2's fully_shard swaps in (FSDPGPT)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def _check_class(final: Path, model: nn.Module, run_dir: str | os.PathLike) -> None:
     """final.json records the class trained; config.toml only the config's model.name. They differ when the
     run was trained on a model passed in code (`train(cfg, model=...)`): the config's model would be another
@@ -194,7 +187,7 @@ def _check_class(final: Path, model: nn.Module, run_dir: str | os.PathLike) -> N
     if not info_path.is_file():
         return  # an export without final.json: config.toml is all there is
     info = json.loads(info_path.read_text())  # _check_final has vetted it
-    trained, built = info.get("class"), _class_name(model)
+    trained, built = info.get("class"), model_class_name(model)
     # runs written before _class_name recorded FSDP2's wrapper class (torch.distributed...FSDPGPT)
     legacy = isinstance(trained, str) and trained.startswith("torch.distributed.") \
         and trained.rsplit(".", 1)[-1] == "FSDP" + type(model).__name__
@@ -231,7 +224,7 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
         raise UserError(f"load(model={model!r}): expected an nn.Module instance of the model the run trained, "
                         "e.g. model=MyModel(...)")
     else:
-        into = f"the model passed ({_class_name(model)})"
+        into = f"the model passed ({model_class_name(model)})"
         fix = "pass an instance of the model the run trained, built with the same arguments"
     _load_weights(model, final / WEIGHTS, into, fix)
     _for_inference(model)
@@ -341,6 +334,13 @@ def _final_from_checkpoint(root: Path) -> None:
     meta = json.loads((path / "meta.json").read_text())
     config = root / "config.toml"
     model, cfg = _build(config)
+    trained = meta.get("model_class")
+    if isinstance(trained, str) and trained != model_class_name(model):  # train(cfg, model=...): not the config's
+        short = trained.rsplit(".", 1)[-1]
+        raise UserError(f"checkpoint {path} was trained on a model passed in code ({trained}), not the "
+                        f"{model_class_name(model)} {config} builds; finish the run in code (turbotrain.train(cfg, "
+                        f"model={short}(...)) resumes it and writes {FINAL}/), then turbotrain.load({str(root)!r}, "
+                        f"model={short}(...))")
     if meta.get("sharded"):
         import torch.distributed.checkpoint as dcp
 

@@ -31,7 +31,7 @@ from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
-from turbotrain.models.structure import WithLoss, find_blocks
+from turbotrain.models.structure import WithLoss, find_blocks, model_class_name
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
 from turbotrain.pipeline import Trainee, build_trainee
@@ -66,6 +66,7 @@ class Run:
         meta = {"global_batch": self.cost.global_batch, "strategy": self.cfg.parallel.strategy,
                 "param_shapes": self.shapes, "optimizer": self.cfg.train.optimizer, "dtype": tr.dtype,
                 "seed": self.cfg.run.seed, "data": data_identity(self.cfg, self.batches.sampler.n),
+                "model_class": self.info["model_class"],
                 "config": to_toml(self.cfg)}
         path = self.ckpt.save(step, tr.model, tr.opt, tr.sched, tr.scaler, meta, wait=wait)
         return sealed if self.ckpt.in_flight else [*sealed, (step, path)]
@@ -299,4 +300,5 @@ def _info(cfg: Config, tr: Trainee, n_params: int, cost: StepCost, start_step: i
                 checkpointed_blocks=len(blocks) if blocks is not None else 0,
                 compile=c.enabled and {"mode": c.mode, "scope": c.scope},
                 data_path="device-resident" if cfg.data.device_resident else f"DataLoader {_loader_settings(cfg)}",
-                torch=torch.__version__, resumed_from=start_step, run_dir=str(Path(cfg.run.out_dir) / cfg.run.name))
+                torch=torch.__version__, resumed_from=start_step, run_dir=str(Path(cfg.run.out_dir) / cfg.run.name),
+                model_class=model_class_name(model))  # a checkpoint's too: export tells a model passed in code

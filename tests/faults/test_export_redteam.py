@@ -189,13 +189,28 @@ def test_fsdp2_wrapper_class_counts_as_the_users_class(tmp_path, finished):
     from torch.distributed.fsdp import FSDPModule
     from userpkg.models import Linear
 
-    from turbotrain.export import _class_name
+    from turbotrain.models.structure import model_class_name
 
     m = Linear(8)
     m.__class__ = type("FSDPLinear", (FSDPModule, Linear), {})  # what fully_shard does
-    assert _class_name(m) == "userpkg.models.Linear"
+    assert model_class_name(m) == "userpkg.models.Linear"
     run = _copy(finished, tmp_path)
     info = json.loads((run / "final" / "final.json").read_text())
     (run / "final" / "final.json").write_text(json.dumps(
         {**info, "class": "torch.distributed.fsdp._fully_shard._fsdp_init.FSDPLinear"}))
     assert type(turbotrain.load(run, "cpu")).__name__ == "Linear"
+
+
+def test_export_of_an_unfinished_run_trained_on_a_model_passed_in_code_is_refused(tmp_path, capsys):
+    """Without final/, export rebuilds the model from a checkpoint and the run's config.toml: a checkpoint
+    written by a model passed in code (here the same parameters, another forward) would be exported as the
+    config's model; the checkpoint records the class, so it is refused with the way out."""
+    run = _train(tmp_path, Scaled(), "checkpoint.every=2", "checkpoint.final=false")
+    assert not (run / "final").exists() and (run / "checkpoints" / "step-00000004").is_dir()
+    rc, err = export_cli(capsys, run)
+    line = error_line(err)
+    assert rc == 2 and "trained on a model passed in code" in line and "model=Scaled(...)" in line, line
+    assert not (run / "final").exists()
+    # the config's own model: its checkpoint still exports
+    own = _train(tmp_path / "own", None, "checkpoint.every=2", "checkpoint.final=false")
+    assert export_cli(capsys, own)[0] == 0 and (own / "final" / "model.safetensors").is_file()

@@ -61,3 +61,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside DDP and the loss wrapper: checkpoints are the same for every strategy."""
     model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     return model.model if isinstance(model, WithLoss) else model
+
+
+def model_class_name(model: nn.Module) -> str:
+    """The model's own class as `module.qualname`, past the subclass FSDP2's fully_shard swaps in (FSDPGPT)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+    return f"{cls.__module__}.{cls.__qualname__}"
