@@ -46,7 +46,8 @@ class State:
 
 
 class Callback:
-    """Override the hooks you need; each is a no-op here. `on_log` may return extra numeric metrics."""
+    """Override the hooks you need; each is a no-op here. `on_log` may return extra numeric metrics under new
+    names (not the row's, not val_*: evaluation's; a val metric is a train.eval_metrics function)."""
 
     def on_train_start(self, state: State) -> None: ...
 

@@ -143,6 +143,7 @@ def _saved_first(run: Run, hooks: Hooks, done: int, error: EvalFailed, loss, gra
     """The user's val data or eval-mode model failing ends the run, but the bug is not in the training: in one
     process the steps trained since the last checkpoint are saved first (with several ranks the others may
     wait in a collective, and a save would hang with them)."""
+    run.trainee.model.train()  # as training left it (the Python API's caller may go on with the model)
     if not run.cfg.checkpoint.every or run.env.world_size > 1 or not _finite(run, loss, grad_norm):
         return error
     _save(run, hooks, done)
