@@ -391,4 +391,18 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
         if host is not None:
             print(f"error: out of memory on the host ({host}); {fixes}, or use a smaller model", file=sys.stderr)
             return 2
-        raise
+        return _users_error(e)
+
+
+def _users_error(e: Exception) -> int:
+    """An exception raised in the user's own code (model, dataset, loss, callback...) at any step, not only the
+    first ones the contract checks: one line naming it and where (TURBOTRAIN_TRACEBACK=1 shows the traceback).
+    Raised in turbotrain or torch alone, it is ours: the traceback goes to the bug report."""
+    from turbotrain.plugins import where
+
+    spot = where(e)
+    if not spot or os.environ.get("TURBOTRAIN_TRACEBACK") == "1":
+        raise e
+    print(f"error: your code raised {type(e).__name__}: {_one_line(e)[:300]}{spot}; fix it there (rerun with "
+          f"TURBOTRAIN_TRACEBACK=1 for the traceback)", file=sys.stderr)
+    return 2

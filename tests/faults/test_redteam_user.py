@@ -58,6 +58,8 @@ CLI_CASES = [
      ["evaluation", "the model returned a tuple", "output tensor"], None),
     ("eval-model-loss-int", [f'model.name="{R}eval_mode"', 'model.args.mode="int"', 'train.loss="model"'],
      ["evaluation", "forward(inputs, targets) returned an int64", "floating-point"], None),
+    ("forward-raises-at-a-later-step", [f'model.name="{R}fails_at_call"'],
+     ["your code raised ArithmeticError", "forward broke at call", "redteam.py:", "TURBOTRAIN_TRACEBACK=1"], None),
     ("data-item-0-raises", [f'data.name="{R}no_item_zero"'], ["no_item_zero", "__getitem__(0)", "KeyError"], None),
     ("data-len-negative", [f'data.name="{R}negative_len"'], ["negative_len", "len()", "ValueError"], None),
     ("metric-vector", [f'train.eval_metrics=["{R}metric_vector"]'], ["metric_vector", "shape (8,)", "one number"],
@@ -83,6 +85,10 @@ CLI_CASES = [
     ("dict-label-missing-later", [f'data.name="{R}dicts_missing_later"'], ["dicts_missing_later", "KeyError"], None),
     ("text-latin1", ['data.name="text"', "data.args.path={dir}", "data.args.block_size=16"],
      ["a.txt", "not UTF-8", "offset 3"], lambda t: _text(t, "latin1", LATIN1)),
+    ("text-utf16-with-bom", ['data.name="text"', "data.args.path={dir}", "data.args.block_size=16"],
+     ["a.txt", "not UTF-8", "iconv -f utf-16 "], lambda t: _text(t, "utf16", ("hello " * 300).encode("utf-16"))),
+    ("prometheus-addr-unresolvable", ["monitor.prometheus_port=1", 'monitor.prometheus_addr="no-such-host.invalid"'],
+     ["monitor.prometheus_addr", "no-such-host.invalid", "address of this host"], None),
     ("text-binary", ['data.name="text"', "data.args.path={dir}", "data.args.block_size=16"],
      ["a.txt", "binary"], lambda t: _text(t, "binary", b"\x00\x01abc" * 500)),
     ("text-jsonl-not-utf8", ['data.name="text"', "data.args.path={dir}", "data.args.block_size=16"],
@@ -105,6 +111,8 @@ CLI_CASES = [
 def test_cli_user_error_is_one_line(tmp_path, monkeypatch, capsys, overrides, words, prepare):
     if any("hf:" in o for o in overrides):
         pytest.importorskip("transformers")
+    if any("prometheus" in o for o in overrides):
+        pytest.importorskip("prometheus_client")
     monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "cache"))
     where = prepare(tmp_path) if prepare else None
     argv = ["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}",
@@ -208,3 +216,18 @@ def test_an_evaluation_failure_saves_the_steps_trained_and_the_fixed_rerun_conti
     assert loss_rows(tmp_path / "cut" / "fault") == loss_rows(tmp_path / "whole" / "fault")
     # step 2's row holds its training figures; its val_loss is the one evaluation that failed
     assert [r["step"] for r in rows(tmp_path / "cut" / "fault") if "val_loss" in r] == [4, 6]
+
+
+def test_a_later_failure_of_the_users_code_in_profile_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "cache"))
+    rc = main(["profile", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", f'model.name="{R}fails_at_call"',
+               "model.args.at=5"])
+    line = error_line(capsys.readouterr().err)
+    assert rc == 2 and "ArithmeticError" in line and "redteam.py:" in line, line
+
+
+def test_turbotrain_traceback_shows_the_users_traceback(tmp_path, monkeypatch):
+    """The one-line verdict is for users; TURBOTRAIN_TRACEBACK=1 gives the traceback to debug their code."""
+    monkeypatch.setenv("TURBOTRAIN_TRACEBACK", "1")
+    with pytest.raises(ArithmeticError, match="forward broke"):
+        main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", f'model.name="{R}fails_at_call"'])

@@ -72,6 +72,8 @@ def test_diverging_run_alerts_before_the_loss_turns_non_finite(tmp_path, webhook
     assert len(div) == 1 and div[0]["step"] < first_bad and set(div[0]) == FIELDS
     assert div[0]["value"] > div[0]["threshold"] == 0.2
     assert [a["rule"] for a in lines][-1] == "loss_nonfinite"
+    # the row of the step that ended the run is written, with its NaN: the metrics and the alert agree
+    assert rows(run)[-1]["step"] == lines[-1]["step"] and not math.isfinite(rows(run)[-1]["loss"])
     deadline = time.time() + 5  # delivery is asynchronous (the run's close waits for it, bounded)
     while len(webhook_server.posted) < len(lines) and time.time() < deadline:
         time.sleep(0.05)

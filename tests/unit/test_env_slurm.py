@@ -2,6 +2,7 @@
 head node and port), the cases that must stay one process, torchrun winning, the --max-restarts warning,
 and what `turbotrain env` says about them."""
 import os
+import re
 
 import pytest
 
@@ -119,3 +120,54 @@ def test_env_describes_the_distributed_setup_and_integrations():
     assert integrations["tensorboard"]  # a dependency: always there
     text = format_env({"cuda_available": True, "distributed": d, "integrations": {"wandb": None}})
     assert "  wandb: not installed" in text and "  launcher: slurm srun" in text
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not an integer"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 is out of range"),
+    ({"RANK": "1", "WORLD_SIZE": "1"}, "RANK=1 is out of range (0 .. 0)"),  # it trained and wrote nothing
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 is out of range"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3 is out of range (1 .. 2)"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 but LOCAL_WORLD"),
+])
+def test_a_launcher_variable_that_cannot_be_is_one_error(monkeypatch, env, said):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match="torchrun") as e:
+        DistEnv.from_environ()
+    assert said in str(e.value)
+
+
+@pytest.mark.parametrize("port, said", [("junk", "not an integer"), ("99999", "out of range (1 .. 65535)")])
+def test_a_master_port_that_cannot_be_is_one_error(monkeypatch, port, said):
+    import torch
+
+    from turbotrain.distributed.env import init_distributed
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match=f"MASTER_PORT.*{re.escape(said)}"):
+        init_distributed(DistEnv.from_environ(), torch.device("cpu"))
+
+
+def test_ranks_that_never_come_are_one_error_after_the_join_timeout(monkeypatch):
+    """One rank of two started: the join waits (said), then ends in one error line, not a store traceback."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from turbotrain.distributed import env as env_mod
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(env_mod, "JOIN_TIMEOUT_MIN", 0.05)  # 3 s
+    with pytest.raises(UserError, match=r"the 2 ranks did not all join at 127\.0\.0\.1:\d+ within 0\.05 min"):
+        env_mod.init_distributed(DistEnv.from_environ(), torch.device("cpu"))
+    assert not dist.is_initialized()

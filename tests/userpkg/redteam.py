@@ -313,3 +313,22 @@ class LogValLoss(Callback):
 class LogHugeInt(Callback):
     def on_log(self, state):
         return {"count": 10**400}
+
+
+class FailsAtCall(nn.Module):
+    """Passes the contract's first forward; its forward raises from call `at` on (a bug on a later batch)."""
+
+    def __init__(self, dim=8, at=3):
+        super().__init__()
+        self.fc, self.at, self.calls = nn.Linear(dim, 1), at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls >= self.at:
+            raise ArithmeticError(f"forward broke at call {self.calls}")
+        return self.fc(x).squeeze(-1)
+
+
+def fails_at_call(dim=8, at=3):
+    return FailsAtCall(dim, at)
+

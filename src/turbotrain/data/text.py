@@ -118,6 +118,11 @@ def _read(p: Path) -> str:
     return "\n".join(str(t) for t in table.column("text").to_pylist() if t is not None)
 
 
+# iconv's utf-16 / utf-32 read the byte-order mark and drop it
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+         (b"\xfe\xff", "utf-16"))
+
+
 def _utf8(p: Path) -> str:
     """The file as UTF-8 text; a binary or differently encoded file is refused (decoding it with
     replacement characters would train on silently changed text)."""
@@ -125,8 +130,10 @@ def _utf8(p: Path) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        # a byte-order mark names the encoding; without one, latin-1 is the likeliest of the old 8-bit ones
+        source = next((name for bom, name in _BOMS if raw.startswith(bom)), "latin1")
         raise UserError(f"data.args.path: {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                        f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove it from the folder") from None
+                        f"convert it to UTF-8 (e.g. iconv -f {source} -t utf-8) or remove it from the folder") from None
     if "\x00" in text:
         raise UserError(f"data.args.path: {p} holds NUL bytes, so it is binary, not text; remove it from the folder")
     return text

@@ -42,8 +42,13 @@ class DistEnv:
         process group and rank-0 logging see one launcher."""
         e = os.environ
         if "RANK" in e or "WORLD_SIZE" in e:
-            return DistEnv(int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), int(e.get("WORLD_SIZE", 1)),
-                           int(e.get("LOCAL_WORLD_SIZE", e.get("WORLD_SIZE", 1))), "torchrun")
+            world = _env_int("WORLD_SIZE", 1, 1)
+            env = DistEnv(_env_int("RANK", 0, 0, world - 1), _env_int("LOCAL_RANK", 0, 0),
+                          world, _env_int("LOCAL_WORLD_SIZE", world, 1, world), "torchrun")
+            if env.local_rank >= env.local_world_size:
+                raise UserError(f"environment: LOCAL_RANK={env.local_rank} but LOCAL_WORLD_SIZE="
+                                f"{env.local_world_size}; {_LAUNCH}")
+            return env
         exports = slurm_exports(e)
         if not exports:
             return DistEnv()
@@ -51,6 +56,26 @@ class DistEnv:
             os.environ.setdefault(k, v)  # a MASTER_ADDR / MASTER_PORT the user exported wins
         return DistEnv(int(exports["RANK"]), int(exports["LOCAL_RANK"]), int(exports["WORLD_SIZE"]),
                        int(exports["LOCAL_WORLD_SIZE"]), "slurm")
+
+
+_LAUNCH = ("these are torchrun's variables: launch with torchrun --nproc_per_node=N -m turbotrain train ..., or "
+           "unset RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE for one process")
+
+
+def _env_int(key: str, default: int, lo: int, hi: int | None = None) -> int:
+    """An integer launcher variable in [lo, hi]: a typo there (RANK=abc, WORLD_SIZE=0, RANK past the world) is
+    one error here, not a traceback deep in the run or a rank that trains and silently writes nothing."""
+    text = os.environ.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"environment: {key}={text!r} is not an integer; {_LAUNCH}") from None
+    if value < lo or (hi is not None and value > hi):
+        bound = f"{lo} .. {hi}" if hi is not None else f">= {lo}"
+        raise UserError(f"environment: {key}={value} is out of range ({bound}); {_LAUNCH}")
+    return value
 
 
 # ---------------------------------------------------------------- SLURM (srun without torchrun)
@@ -169,10 +194,28 @@ def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
             from turbotrain.log import say_once
 
             say_once(warning)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=10),
-                                device_id=device if device.type == "cuda" else None)
+        _join(env, "nccl" if device.type == "cuda" else "gloo", device)
     return device
+
+
+JOIN_TIMEOUT_MIN = 10  # every rank must reach the rendezvous within this (a large job's nodes start unevenly)
+
+
+def _join(env: DistEnv, backend: str, device: torch.device) -> None:
+    """init_process_group, said while it waits (a missing rank would otherwise be minutes of silence) and one
+    error line when the other ranks never come."""
+    from turbotrain.log import Heartbeat
+
+    _env_int("MASTER_PORT", 0, 1, 65535)
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        with Heartbeat(f"distributed: waiting for {env.world_size} ranks at {where} (at most {JOIN_TIMEOUT_MIN} min)"):
+            dist.init_process_group(backend, timeout=timedelta(minutes=JOIN_TIMEOUT_MIN),
+                                    device_id=device if device.type == "cuda" else None)
+    except dist.DistStoreError as e:
+        raise UserError(f"distributed: the {env.world_size} ranks did not all join at {where} within "
+                        f"{JOIN_TIMEOUT_MIN} min ({' '.join(str(e).split())[:120]}); start every rank (torchrun "
+                        f"--nproc_per_node=N, on each node), and check WORLD_SIZE and MASTER_ADDR/PORT") from None
 
 
 def _rank_device(env: DistEnv) -> torch.device:

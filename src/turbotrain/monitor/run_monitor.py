@@ -15,7 +15,7 @@ import torch
 
 from turbotrain.distributed.env import DistEnv, all_mean
 from turbotrain.monitor import sinks
-from turbotrain.monitor.alerts import Alerts
+from turbotrain.monitor.alerts import Alerts, NonFiniteLoss
 from turbotrain.monitor.logger import MetricsLogger
 from turbotrain.monitor.nvml import GpuStats
 from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
@@ -87,8 +87,12 @@ class RunMonitor:
             row.update(self._sync_probe())
             row.update(self.stragglers.update((self.fwd_timer.take() + wait) / n, done))
             self._straggler_alert(row, done)
-        self.alerts.check_loss(loss_v, done, streak, final=done == self.steps)
         row.update(self._gpu_row())
+        try:
+            self.alerts.check_loss(loss_v, done, streak, final=done == self.steps)
+        except NonFiniteLoss:  # the run ends here: its last row, with the NaN that ended it, is kept
+            self.write(row, data_wait_s)
+            raise
         self.alerts.check_row(row, done, warm)
         return row
 

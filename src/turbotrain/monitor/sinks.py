@@ -3,8 +3,10 @@ a webhook and a Prometheus `/metrics` endpoint. None of them may stall training:
 appends, the webhook posts from its own thread, Prometheus serves from its own thread."""
 from __future__ import annotations
 
+import errno
 import json
 import queue
+import socket
 import sys
 import threading
 import time
@@ -144,8 +146,13 @@ class Prometheus:
         try:
             self.server, self.thread = pc.start_http_server(port, addr=addr, registry=self.registry)
         except OSError as e:
-            raise UserError(f"monitor.prometheus_port = {port}: cannot serve /metrics on {addr}:{port} "
-                            f"({e.strerror}); choose a free port") from None
+            # an address the host cannot resolve or bind (gaierror, EADDRNOTAVAIL) is the address's fault;
+            # a port in use or privileged, the port's
+            bad_addr = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL
+            fix = ("set monitor.prometheus_addr to an address of this host (\"0.0.0.0\": all of them, "
+                   "\"127.0.0.1\": this host only)" if bad_addr else "choose a free port (>= 1024 unless root)")
+            raise UserError(f"monitor.{'prometheus_addr' if bad_addr else 'prometheus_port'}: cannot serve /metrics "
+                            f"on {addr}:{port} ({e.strerror or e}); {fix}") from None
         say(f"monitor: Prometheus metrics on http://{addr}:{port}/metrics")
 
     def update(self, row: dict) -> None:
