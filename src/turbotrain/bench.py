@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -91,20 +92,147 @@ def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeo
 
 
 def _run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s: float) -> int:
-    import signal
     import subprocess
 
     with open(log, "w") as f, Heartbeat(what, status=status):
-        # its own process group: a torchrun child's workers go with it
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = None
         try:
+            with _SignalsWait():
+                # its own process group, so the kill below never reaches this process
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             return proc.wait(timeout=max(0.0, timeout_s))
         except subprocess.TimeoutExpired:
             return 124
-        finally:  # also on Ctrl-C in the parent: no trial outlives it
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        finally:  # also on Ctrl-C, SIGTERM (`interrupts`) or any error in the parent: no trial outlives it
+            if proc is not None and proc.poll() is None:
+                with _SignalsWait():
+                    kill_tree(proc.pid)
+                    proc.wait()
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT while `interrupts()` is in force. A BaseException, as KeyboardInterrupt is: no
+    `except Exception` on the way takes it for a failed trial."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class _SignalsWait:
+    """Held while a trial's process starts and while it is killed: a signal caught by `interrupts` waits until
+    the block ends, then is raised. Raised where it landed it would leave a trial nobody kills (between the
+    fork and `proc`), or stopped half-killed."""
+
+    active, pending = False, 0
+
+    def __enter__(self) -> None:
+        _SignalsWait.active = True
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        _SignalsWait.active = False
+        if _SignalsWait.pending:
+            signum, _SignalsWait.pending = _SignalsWait.pending, 0
+            signal.raise_signal(signum)  # `interrupts`' handler raises it now, where `finally` still kills
+
+
+@contextmanager
+def interrupts():
+    """SIGTERM and SIGINT raise `Interrupted` in the main thread while the block runs, so `finally` blocks
+    run (SIGTERM's default ends the process without them, and a trial in its own session would outlive it).
+    Only the first one: later ones are ignored while the caller stops its trial and writes what it has."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT)
+
+    def handle(signum, frame) -> None:
+        if _SignalsWait.active:
+            _SignalsWait.pending = signum
+            return
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, handle) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def kill_tree(pid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL the process group of `pid` and those of all its descendants, then wait (at most `wait_s`) until
+    they are gone. Killing `pid`'s group alone is not enough: torchrun starts each worker in a session of its
+    own. Each group is stopped first and the tree read again until no new group shows (a stopped process
+    cannot fork), so nothing started in between escapes."""
+    import signal
+    import time
+
+    groups: list[int] = []
+    pids: set[int] = set()
+    while True:
+        tree = _tree(pid)
+        pids |= set(tree)
+        new = [g for g in dict.fromkeys([pid, *tree.values()]) if g not in groups and g != os.getpgrp()]
+        if not new:
+            break
+        groups += new
+        for g in new:
+            _signal_group(g, signal.SIGSTOP)
+    for g in groups:
+        _signal_group(g, signal.SIGKILL)
+    pids.discard(pid)  # the caller's wait() reaps it
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _signal_group(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already
+
+
+def _tree(pid: int) -> dict[int, int]:
+    """`pid` and its descendants → their process groups, read from /proc (elsewhere: `pid` alone)."""
+    children: dict[int, list[int]] = {}
+    group = {pid: pid}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        entries = []
+    for e in entries:
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while listed
+        children.setdefault(int(stat[1]), []).append(int(e))
+        group[int(e)] = int(stat[2])
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out[p] = group[p]
+            todo += children.get(p, [])
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped; a zombie (dead, waiting for its new parent to reap it) is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,

@@ -158,6 +158,7 @@ class Search:
     def __init__(self, ctx: Ctx, run: Runner, budget: Budget):
         self.ctx, self.run, self.budget = ctx, run, budget
         self.trials: list[dict] = []
+        self.finals: list[dict] = []  # the finalists and their runs so far (a partial report keeps them)
         self.best: dict | None = None  # the fastest trial so far
         self.trial_s = 120.0  # a trial's expected wall time, from the baseline once it ran
         self.compile_s: float | None = None
@@ -277,7 +278,7 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
     for t in [*[x for x in ok if x["config"]][:2], *[x for x in ok if not x["config"]]]:  # the input last
         picked.setdefault(_key(t["config"]), {"id": t["id"], "label": t["label"], "config": t["config"],
                                               "rates": [t["samples_per_s"]], "trial": t})
-    fins = list(picked.values())
+    fins = search.finals = list(picked.values())
     for r in range(repeats if len(fins) > 1 else 0):
         for f in fins:
             if budget.left() - keep_s < f["trial"]["wall_s"] * 1.2:
@@ -343,8 +344,11 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
              allow_fp8: bool = False) -> dict:
     """Search, pick, write the four files; returns tune.json's content. `since`: when the budget started
     (a perf_counter reading; the CLI passes its process's start), default now. FP8 is searched with
-    `allow_fp8` or `converge` (its loss is re-checked then)."""
-    from turbotrain.tune_report import write_outputs
+    `allow_fp8` or `converge` (its loss is re-checked then). On SIGTERM/SIGINT the running trial is killed,
+    the report of the trials finished so far is written (marked partial, no tuned.toml) and the process
+    exits 128 + the signal's number after one `error:` line; on any other error the same report, then the
+    error as it was."""
+    from turbotrain.bench import Interrupted, interrupts
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("tune launches every trial itself through torchrun: run it once, not under torchrun: "
@@ -353,32 +357,131 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     cfg = load_config(config, overrides)  # a bad CONFIG or KEY=VALUE: one error line before anything runs
     if converge and cfg.data.name == "synthetic":
         raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
-    tune_dir = Path(cfg.run.out_dir) / cfg.run.name / "tune"
-    say(f"tune: probing {config or DEFAULT_PRESET} (data and model on the CPU) …")
-    probe, eff = probe_workload(cfg, nproc)
-    if allow_fp8 and not probe.fp8:
-        say("tune: --allow-fp8: FP8 does not apply here (it needs an sm89+ GPU, bf16 and torchao); not searched")
-    run = TrialRunner(config, overrides, tune_dir, nproc)
-    ctx = Ctx(probe, eff, allow_fp16=allow_fp16, allow_fp8=allow_fp8 or converge, best_fits=False)
-    search = Search(ctx, run, budget)
-    dims = dimensions(probe)
-    search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
-    # finalists take at most a quarter of the budget (they re-run only while it lasts); a convergence check
-    # needs its two full runs: up to half
-    budget.finals_s = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
-    budget.checks_s = (min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS)
-                       if converge else 0.0)
-    search.explore(dims)
-    fins = finalists(search, repeats, budget, run, keep_s=budget.checks_s)
-    winner, base = choose(fins)
-    conv = None
-    if converge and winner is not None:
-        winner, conv = converge_check(winner, base, fins, cfg.train.steps, budget, run)
-    result = _result(config, overrides, cfg, eff, probe, search, fins, winner, base, conv, budget, repeats, nproc)
-    write_outputs(tune_dir, result)
-    if winner is None:
-        raise UserError(_nothing_measured(search.trials, budget_min, tune_dir))
-    return result
+    tuning = Tuning(config, overrides, cfg, budget, repeats, nproc)
+    with interrupts():
+        try:
+            return tuning.run(converge, allow_fp16, allow_fp8)
+        except Interrupted as e:
+            where = tuning.stop(str(e))
+            print(f"error: {e} {where}; rerun the same command to tune again", file=sys.stderr, flush=True)
+            raise SystemExit(128 + e.signum) from None
+        except BaseException as e:
+            tuning.stop(f"stopped by an error: {' '.join(str(e).split()) or type(e).__name__}")
+            raise
+
+
+class Tuning:
+    """One tune: probe, baseline, search, finalists, convergence check and report; `stop` writes the report
+    of what was measured when it ends early."""
+
+    def __init__(self, config: str | None, overrides: list[str], cfg, budget: Budget, repeats: int, nproc: int):
+        self.config, self.overrides, self.cfg, self.budget = config, overrides, cfg, budget
+        self.repeats, self.nproc = repeats, nproc
+        self.tune_dir = Path(cfg.run.out_dir) / cfg.run.name / "tune"
+        self.phase, self.probe, self.eff, self.search, self.written = "probing the workload", None, None, None, False
+
+    def run(self, converge: bool, allow_fp16: bool, allow_fp8: bool) -> dict:
+        from turbotrain.tune_report import write_outputs
+
+        cfg, budget, repeats = self.cfg, self.budget, self.repeats
+        say(f"tune: probing {self.config or DEFAULT_PRESET} (data and model on the CPU) …")
+        self.probe, self.eff = probe_workload(cfg, self.nproc)
+        probe = self.probe
+        if allow_fp8 and not probe.fp8:
+            say("tune: --allow-fp8: FP8 does not apply here (it needs an sm89+ GPU, bf16 and torchao); not searched")
+        run = TrialRunner(self.config, self.overrides, self.tune_dir, self.nproc)
+        ctx = Ctx(probe, self.eff, allow_fp16=allow_fp16, allow_fp8=allow_fp8 or converge, best_fits=False)
+        self.search = search = Search(ctx, run, budget)
+        self.phase = "the search"
+        search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
+        # finalists take at most a quarter of the budget (they re-run only while it lasts); a convergence check
+        # needs its two full runs: up to half
+        budget.finals_s = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
+        budget.checks_s = (min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS)
+                           if converge else 0.0)
+        search.explore(dimensions(probe))
+        self.phase = "the finalists' re-runs"
+        fins = finalists(search, repeats, budget, run, keep_s=budget.checks_s)
+        winner, base = choose(fins)
+        conv = None
+        if converge and winner is not None:
+            self.phase = "the convergence check"
+            winner, conv = converge_check(winner, base, fins, cfg.train.steps, budget, run)
+        self.phase = "writing the report"
+        result = self.result(fins, winner, base, conv)
+        write_outputs(self.tune_dir, result)
+        self.written = True
+        if winner is None:
+            raise UserError(_nothing_measured(search.trials, budget.total_s / 60, self.tune_dir))
+        return result
+
+    def stop(self, why: str) -> str:
+        """Write the report of the trials finished so far, marked partial (the trial that was running:
+        `interrupted`; no winner, no tuned.toml: nothing was compared by the finalists' medians); returns
+        what the error line says about it."""
+        from turbotrain.tune_report import write_outputs
+
+        if self.search is None or self.written:
+            return f"while {self.phase}, before any trial ran: nothing written" if self.search is None else \
+                f"after the report was written ({self.tune_dir / 'tune.md'})"
+        trials = self.search.trials
+        running = [t for t in trials if "status" not in t]
+        for t in running:
+            t.update(status="interrupted", reason=f"killed: tune was {why}")
+        done = sum(1 for t in trials if t["status"] not in ("interrupted", "skipped"))
+        fins = _rank(self.search.finals) if self.search.finals else []
+        result = self.result(fins, None, next((f for f in fins if not f["config"]), None), None)
+        best = self.search.best
+        result["partial"] = {"why": why, "during": self.phase, "running": [t["id"] for t in running],
+                             "best_so_far": best and {k: best.get(k) for k in ("id", "label", "speedup")}}
+        try:
+            write_outputs(self.tune_dir, result)
+        except Exception as e:  # a full disk, say: the line still says what happened
+            return f"during {self.phase}; the partial report could not be written ({' '.join(str(e).split())})"
+        stopped = f"; the running trial {', '.join(t['id'] for t in running)} was stopped" if running else ""
+        finished = f"the {done} trial(s) finished so far are" if done else "no trial had finished; the record is"
+        return f"during {self.phase}{stopped}; {finished} in {self.tune_dir / 'tune.md'} (partial: no tuned.toml)"
+
+    def result(self, fins: list[dict], winner: dict | None, base: dict | None, conv: dict | None) -> dict:
+        """tune.json's content. Each table compares like with like: a trial's speedup is over the input
+        config's own screening trial (t00, one run each), a finalist's and the winner's over the input
+        config's median of the same re-runs."""
+        search, probe = self.search, self.probe
+        base_rate = base["median_samples_per_s"] if base else None
+        t00 = search.trials[0] if search.trials else {}
+        screen = t00.get("samples_per_s")
+        for t in search.trials:
+            t.pop("speedup", None)
+            if t.get("samples_per_s") and screen:
+                t["speedup"] = t["samples_per_s"] / screen
+        for f in fins:
+            f["speedup"] = f["median_samples_per_s"] / base_rate if base_rate else None
+        device = next((t["device_name"] for t in search.trials if t.get("device_name")),
+                      "cuda" if probe.on_gpu else "cpu")
+        return {"config": self.config or DEFAULT_PRESET, "overrides": self.overrides, "run_name": self.cfg.run.name,
+                "device": device, "torch": torch.__version__, "world_size": self.nproc,
+                "budget_min": self.budget.total_s / 60, "elapsed_min": self.budget.elapsed() / 60,
+                "repeats": self.repeats, "trial_steps": TRIAL_STEPS, "probe": dict(vars(probe)),
+                "baseline": t00 or None, "baseline_samples_per_s": screen, "baseline_median_samples_per_s": base_rate,
+                "speedup_of": {"trials": "over the input config's screening trial t00 (one run each)",
+                               "finalists": "median over the input config's median of the finalists' runs",
+                               "winner": "median over the input config's median of the finalists' runs"},
+                "trials": search.trials, "finalists": fins, "winner": self._winner(winner, base_rate),
+                "converge": conv, "python": sys.executable}
+
+    def _winner(self, winner: dict | None, base_rate: float | None) -> dict | None:
+        if winner is None:
+            return None
+        input_value = Ctx(self.probe, self.eff).value  # only the keys whose value differs from the input's
+        w = {"label": winner["label"], "trial": winner["id"],
+             "changes": {k: v for k, v in winner["config"].items() if input_value(k) != v},
+             "samples_per_s": winner["median_samples_per_s"],
+             "speedup": winner["median_samples_per_s"] / base_rate if base_rate else None}
+        trial = next(t for t in self.search.trials if t["id"] == winner["id"])
+        w["tokens_per_s"] = (trial["tokens_per_s"] / trial["samples_per_s"] * w["samples_per_s"]
+                             if trial.get("tokens_per_s") else None)
+        w["peak_mem_gib"] = trial.get("peak_mem_gib")
+        return w
 
 
 def _nothing_measured(trials: list[dict], budget_min: float, tune_dir: Path) -> str:
@@ -389,28 +492,3 @@ def _nothing_measured(trials: list[dict], budget_min: float, tune_dir: Path) -> 
                 f"the budget ({base.get('wall_s', 0):.0f} s); give it more minutes (see {tune_dir / 'tune.md'})")
     return (f"no configuration trained to the end; the input config: {base.get('reason') or base.get('status')} "
             f"(every trial in {tune_dir / 'tune.md'}); fix the config, check it with: turbotrain train CONFIG ...")
-
-
-def _result(config, overrides, cfg, cfg_eff, probe, search, fins, winner, base, conv, budget, repeats,
-            nproc) -> dict:
-    base_rate = base["median_samples_per_s"] if base else None
-    for t in search.trials:
-        if t.get("samples_per_s") and base_rate:
-            t["speedup"] = t["samples_per_s"] / base_rate
-    w, input_value = None, Ctx(probe, cfg_eff).value
-    if winner is not None:  # only the keys whose value differs from the input's effective one
-        changes = {k: v for k, v in winner["config"].items() if input_value(k) != v}
-        w = {"label": winner["label"], "trial": winner["id"], "changes": changes,
-             "samples_per_s": winner["median_samples_per_s"],
-             "speedup": winner["median_samples_per_s"] / base_rate if base_rate else None}
-        trial = next(t for t in search.trials if t["id"] == winner["id"])
-        w["tokens_per_s"] = (trial["tokens_per_s"] / trial["samples_per_s"] * w["samples_per_s"]
-                             if trial.get("tokens_per_s") else None)
-        w["peak_mem_gib"] = trial.get("peak_mem_gib")
-    device = next((t["device_name"] for t in search.trials if t.get("device_name")), "cuda" if probe.on_gpu else "cpu")
-    return {"config": config or DEFAULT_PRESET, "overrides": overrides, "run_name": cfg.run.name,
-            "device": device, "torch": torch.__version__, "world_size": nproc, "budget_min": budget.total_s / 60,
-            "elapsed_min": budget.elapsed() / 60, "repeats": repeats, "trial_steps": TRIAL_STEPS,
-            "probe": dict(vars(probe)), "baseline": next((t for t in search.trials if t["id"] == "t00"), None),
-            "baseline_median_samples_per_s": base_rate, "trials": search.trials, "finalists": fins,
-            "winner": w, "converge": conv, "python": sys.executable}

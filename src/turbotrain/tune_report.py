@@ -5,36 +5,47 @@ Usage: `write_outputs(Path("runs/NAME/tune"), result)` with the dict `tune.run_t
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
 from turbotrain.config import _toml_key, _toml_value, apply_override, config_path
-from turbotrain.files import write_report
+from turbotrain.files import make_dir
 from turbotrain.log import say
+from turbotrain.rundir import write_run_file
 
 
 def write_outputs(tune_dir: Path, result: dict) -> None:
     """tune.json, tune.md, tune.png and, where a configuration ran to the end, tuned.toml (without one there is
-    nothing to train with: a tuned.toml repeating the input would read as a result)."""
-    tune_dir.mkdir(parents=True, exist_ok=True)
+    nothing to train with: a tuned.toml repeating the input would read as a result). Each file is written whole
+    or not at all (a temporary file renamed over it): a tune stopped mid-write leaves no half file."""
+    make_dir(tune_dir)
     tuned = tune_dir / "tuned.toml"
     if result["winner"] is None:
         tuned.unlink(missing_ok=True)  # a re-run into the same folder must not leave an earlier result behind
         _write_record(tune_dir, result)
-        say(f"tune: wrote tune.json, tune.md, tune.png in {tune_dir} (no tuned.toml: no configuration ran to the end)")
+        why = ("partial: tune was stopped, it recommends nothing" if result.get("partial")
+               else "no configuration ran to the end")
+        say(f"tune: wrote tune.json, tune.md, tune.png in {tune_dir} (no tuned.toml: {why})")
         return
-    tuned.write_text(tuned_toml(result))
     launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
                 if result["world_size"] > 1 else "turbotrain")
     result.update(tuned_toml=str(tuned), command=f"{launcher} train {tuned}")
+    write_run_file(tuned, tuned_toml(result))
     _write_record(tune_dir, result)
     say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
     say(f"tune: train with the result: {result['command']}")
 
 
 def _write_record(tune_dir: Path, result: dict) -> None:
-    plot(result, tune_dir / "tune.png")
-    write_report(tune_dir, "tune", result, format_table(result))
+    png, tmp = tune_dir / "tune.png", tune_dir / ".tune.png.tmp"
+    plot(result, tmp)
+    os.replace(tmp, png)
+    table = format_table(result)
+    write_run_file(tune_dir / "tune.md", table + "\n")
+    write_run_file(tune_dir / "tune.json", json.dumps(result, indent=2))
+    print(table)
 
 
 def _extends(config: str) -> str:
@@ -102,11 +113,16 @@ def _f(v, fmt: str) -> str:
 
 
 def format_table(result: dict) -> str:
+    """tune.md. Every ratio compares like with like, and each table says over what: the trials' column over
+    the input config's own screening trial t00 (one run each), the finalists' and the winner's over the input
+    config's median of the same re-runs."""
     w = result["winner"]
     unit = "tok/s" if any(t.get("tokens_per_s") for t in result["trials"]) else "samples/s"
     lines = [f"Device: {result['device']}, torch {result['torch']}, world size {result['world_size']}, "
              f"{result['trial_steps']} steps a trial, {result['elapsed_min']:.1f} of {result['budget_min']:g} min",
-             "", f"| trial | dimension | tried | {unit} | x input | peak GiB | compile s | status |",
+             *_partial(result), "", "Trials (one screening run each; `x t00`: its throughput over the input config's "
+             "screening trial t00, the same kind of run):", "",
+             f"| trial | dimension | tried | {unit} | x t00 | peak GiB | compile s | status |",
              "|---|---|---|---|---|---|---|---|"]
     for t in result["trials"]:
         rate = t.get("tokens_per_s") or t.get("samples_per_s")
@@ -114,18 +130,34 @@ def format_table(result: dict) -> str:
         status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
         lines.append(f"| {t['id']} | {t['dimension']} | {tried} | {_f(rate, ',.1f')} | {_f(t.get('speedup'), '.2f')} | "
                      f"{_f(t.get('peak_mem_gib'), '.2f')} | {_f(t.get('compile_s'), '.1f')} | {status[:120]} |")
-    lines += ["", "| finalist | runs (samples/s) | median |", "|---|---|---|"]
+    lines += ["", "Finalists (the screening run and the re-runs; `x input`: the median over the input config's "
+              "median):", "", "| finalist | runs (samples/s) | median | x input |", "|---|---|---|---|"] \
+        if result["finalists"] else ["", "Finalists: none."]
     for f in result["finalists"]:
         lines.append(f"| {f['label']} ({f['id']}) | {', '.join(f'{r:,.1f}' for r in f['rates'])} | "
-                     f"{f['median_samples_per_s']:,.1f} |")
+                     f"{f['median_samples_per_s']:,.1f} | {_f(f.get('speedup'), '.2f')} |")
     if w is not None:
-        lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config; "
-                     f"changes: {', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
+        lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config "
+                     f"(finalists' medians); changes: "
+                     f"{', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
     if result.get("converge"):
         lines.append(f"\nConvergence check: {result['converge']}")
     if result.get("command"):
         lines.append(f"\nTrain with: `{result['command']}`")
     return "\n".join(lines)
+
+
+def _partial(result: dict) -> list[str]:
+    """The warning on top of a report that tune did not finish: what stopped it, and the best screening run so
+    far, which is no recommendation (the finalists did not compare it)."""
+    p = result.get("partial")
+    if not p:
+        return []
+    best = p.get("best_so_far")
+    line = (f"best screening run so far: {best['label']} ({best['id']}), {_f(best.get('speedup'), '.2f')}x t00 — "
+            "one run, not re-run by the finalists: no recommendation" if best else "no trial ran to the end")
+    return ["", f"**PARTIAL REPORT**: {p['why']} during {p['during']}; only the trials that finished before it are "
+            f"measured, and there is no tuned.toml. {line[0].upper()}{line[1:]}."]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -151,7 +183,9 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(loc="best", fontsize=8)
     ax.set_xlabel("peak memory (GiB)")
     ax.set_ylabel("tokens/s" if tok else "samples/s")
-    ax.set_title(f"turbotrain tune — {result['config']} on {result['device']} (green: kept, gray: slower)", fontsize=9)
+    partial = " — PARTIAL: tune was stopped" if result.get("partial") else ""
+    ax.set_title(f"turbotrain tune — {result['config']} on {result['device']}, each trial's screening run "
+                 f"(green: kept, gray: slower){partial}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # `path` may be a temporary name
     plt.close(fig)
