@@ -10,6 +10,7 @@ GPU utilisation and temperature, data wait — over steps, with the alerts of al
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +28,24 @@ class RunFiles:
     alerts: list[dict] = field(default_factory=list)  # alerts.jsonl
     summary: dict | None = None  # summary.json, once the run finished
     profile: dict | None = None  # profile/report.json, where `turbotrain profile` ran
+    state: str = "finished"  # running | finished | stopped | unknown: see run_state
+    alerts_unreadable: int = 0  # lines of alerts.jsonl that hold no readable alert
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of a metric, finite values only."""
         pts = [(r["step"], r[key]) for r in self.rows if _finite(r.get(key)) and _finite(r.get("step"))]
         return [p[0] for p in pts], [p[1] for p in pts]
+
+    @property
+    def last_row(self) -> dict:
+        """The last metrics row with a step (its loss may be NaN: a run stopped by a non-finite loss)."""
+        return next((r for r in reversed(self.rows) if _finite(r.get("step"))), {})
+
+    @property
+    def stale_summary(self) -> bool:
+        """summary.json is of an earlier attempt: a resumed run logged steps past it (then stopped or goes on)."""
+        end, last = (self.summary or {}).get("steps"), self.last_row.get("step")
+        return _finite(end) and last is not None and last > end
 
     @property
     def exposed_comm_share(self) -> float | None:
@@ -44,23 +58,30 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v < 1e300
 
 
-def _jsonl(path: Path, step_key: bool = False) -> list[dict]:
-    """The dict rows of a JSON-lines file; lines that are not JSON (cut short, damaged bytes) are skipped, and
-    with `step_key` rows whose "step" is not a finite number too (they have no place on a step axis)."""
-    out = []
+def _jsonl(path: Path, step_key: bool = False, live: bool = False) -> tuple[list[dict], int]:
+    """The dict rows of a JSON-lines file, and the count of lines that hold none: not JSON (cut short, damaged
+    bytes), not an object, or with `step_key` a "step" that is not a finite number (no place on a step axis).
+    `live`: the run is writing, so a last line without its newline is one being written, not a damaged one."""
+    out, bad = [], 0
     if path.is_file():
         try:
             text = path.read_bytes().decode("utf-8", errors="replace")
         except OSError as e:
             raise UserError(f"cannot read {path} ({e.strerror or e})") from None
-        for line in text.splitlines():
+        lines = text.splitlines()
+        if live and lines and not text.endswith("\n"):
+            lines.pop()
+        for line in lines:
             try:
                 obj = json.loads(line)
             except ValueError:
+                bad += bool(line.strip())  # a blank line held nothing to lose
                 continue
             if isinstance(obj, dict) and (not step_key or "step" not in obj or _finite(obj["step"])):
                 out.append(obj)
-    return out
+            else:
+                bad += 1
+    return out, bad
 
 
 def _json(path: Path) -> dict | None:
@@ -75,8 +96,71 @@ def load_run(run_dir: str | Path) -> RunFiles:
     path = Path(run_dir)
     if not (path / "metrics.jsonl").is_file():
         raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
-    return RunFiles(path, _jsonl(path / "metrics.jsonl", True), _jsonl(path / "alerts.jsonl", True),
-                    _json(path / "summary.json"), _json(path / "profile" / "report.json"))
+    run = RunFiles(path, _jsonl(path / "metrics.jsonl", True)[0], summary=_json(path / "summary.json"),
+                   profile=_json(path / "profile" / "report.json"))
+    run.state = run_state(run)
+    run.alerts, run.alerts_unreadable = _jsonl(path / "alerts.jsonl", True, live=run.state == "running")
+    return run
+
+
+def run_state(run: RunFiles) -> str:
+    """The one verdict of watch and report on whether a run goes on. "running": its rank 0 holds the run
+    directory's lock (rundir.RunDir: the kernel drops it when the process ends, however it ends); else
+    "finished" with a summary.json of this attempt, "stopped" without one (a crash, kill -9, an error: the
+    trainer writes the summary last); "unknown" when the lock cannot be tested and no summary says more."""
+    from turbotrain.rundir import RunDir
+
+    held = RunDir.lock_held(run.path)
+    if held:
+        return "running"
+    if run.summary is not None and not run.stale_summary:
+        return "finished"
+    return "stopped" if held is False else "unknown"
+
+
+def describe_state(run: RunFiles) -> str:
+    """The state in words, as watch's header and report's table say it."""
+    if run.state == "running":
+        try:
+            age = f" (last write {time.time() - (run.path / 'metrics.jsonl').stat().st_mtime:.0f} s ago)"
+        except OSError:  # set aside by a fresh run since it was read
+            age = ""
+        return "running" + age
+    if run.state == "finished":
+        return "finished"
+    if run.stale_summary:
+        why = f"summary.json is of an earlier attempt, to step {_fmt(run.summary.get('steps'))}"
+    else:
+        why = "no summary"
+    if run.state == "stopped":
+        return f"stopped ({why}: crashed, killed or ended by an error)"
+    return f"not known whether it runs ({why}; the lock {run.path / '.lock'} cannot be tested)"
+
+
+def alert_counts(run: RunFiles) -> dict[str, int]:
+    """summary.json's count of every firing by rule (repeats held back by monitor.alert_repeat_s included)."""
+    counts = (run.summary or {}).get("alerts") if not run.stale_summary else None
+    if not isinstance(counts, dict):
+        return {}
+    return {str(r): n for r, n in counts.items() if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+
+
+def alert_notes(run: RunFiles) -> list[str]:
+    """Why the alerts read are not the run's whole list (empty: they are). Every rule's first firing is
+    written to alerts.jsonl (alerts.py holds back only repeats), so a rule summary.json counts with no line in
+    the file means lines were lost."""
+    notes = []
+    if run.alerts_unreadable:
+        n = run.alerts_unreadable
+        notes.append(f"{n} line{'s' * (n != 1)} of alerts.jsonl unreadable (damaged bytes or cut short): "
+                     "what they held is not shown")
+    read = {a.get("rule") for a in run.alerts}
+    missing = {r: n for r, n in alert_counts(run).items() if r not in read}
+    if missing:
+        notes.append("summary.json counts " + ", ".join(f"{n} {r}" for r, n in missing.items())
+                     + " alert(s) of which alerts.jsonl holds none: the file is damaged, was removed or "
+                     "replaced, or could not be written")
+    return notes
 
 
 def _plot(ax, run: RunFiles, keys: list[tuple[str, str]], title: str, ylabel: str, why_empty: str,
@@ -132,8 +216,9 @@ def render_png(run: RunFiles, path: Path) -> list[str]:
     _gpu_panel(a[4], run)
     _plot(a[5], run, [("data_wait_pct", "data wait")], "data wait", "% of step time", "no data wait logged")
     rules = sorted({str(x.get("rule", "?")) for x in run.alerts})
+    lost = " (alerts.jsonl incomplete: see report.md)" if alert_notes(run) else ""
     fig.suptitle(f"{run.path.name}: {len(run.rows)} log rows, {len(run.alerts)} alert(s)"
-                 + (f" ({', '.join(rules)})" if rules else "") + " — red lines: alerts")
+                 + (f" ({', '.join(rules)})" if rules else "") + lost + " — red lines: alerts")
     fig.tight_layout()
     titles = [ax.get_title() for ax in a]
     fig.savefig(path, dpi=90, metadata={"Title": f"turbotrain report: {run.path.name}",
@@ -149,10 +234,10 @@ def _fmt(v) -> str:
 
 
 def render_markdown(run: RunFiles, png_name: str) -> str:
-    s, last = run.summary or {}, next((r for r in reversed(run.rows) if "loss" in r), {})
+    s, last = ({} if run.stale_summary else run.summary or {}), run.last_row
     lines = [f"# Run report: {run.path.name}", "", f"![panels]({png_name})", "",
              "| figure | value |", "|---|---|",
-             f"| state | {'finished' if run.summary else 'running or stopped (no summary.json)'} |",
+             f"| state | {describe_state(run)} |",
              f"| last step | {_fmt(last.get('step'))} |",
              f"| final loss | {_fmt(s.get('final_loss', last.get('loss')))} |",
              f"| val loss | {_fmt(s.get('val_loss'))} |",
@@ -161,7 +246,20 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
              f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
              f"| exposed communication share (profile) | {_fmt(run.exposed_comm_share)} |", "",
-             f"## Alerts ({len(run.alerts)})", ""]
+             *_alert_lines(run)]
+    return "\n".join(lines) + "\n"
+
+
+def _alert_lines(run: RunFiles) -> list[str]:
+    """The alerts section: "No alerts." only where nothing says alerts were lost (alert_notes)."""
+    notes, counts = alert_notes(run), alert_counts(run)
+    lines = [f"## Alerts ({len(run.alerts)}{' readable, incomplete' if notes else ''})", ""]
+    if notes:
+        lines += ["**Warning: the alerts below are not all the run's alerts.**", "", *[f"- {n}" for n in notes], ""]
+    if not notes and sum(counts.values()) > len(run.alerts):
+        lines += [f"summary.json counts every firing: {', '.join(f'{n} {r}' for r, n in counts.items())}; "
+                  "alerts.jsonl holds the ones sent (repeats within monitor.alert_repeat_s are counted, not sent).",
+                  ""]
     if run.alerts:
         lines += ["| step | rank | rule | value | threshold | message |", "|---|---|---|---|---|---|"]
         for a in run.alerts:
@@ -169,8 +267,8 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
             lines.append(f"| {_fmt(a.get('step'))} | {_fmt(a.get('rank'))} | {a.get('rule')} | {_fmt(a.get('value'))} "
                          f"| {_fmt(a.get('threshold'))} | {msg} |")
     else:
-        lines.append("No alerts.")
-    return "\n".join(lines) + "\n"
+        lines.append("No alert could be read." if notes else "No alerts.")
+    return lines
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,12 +152,16 @@ class RunDir:
         except OSError as e:  # a folder, a link or an unwritable directory where the lock goes
             raise UserError(f"cannot take the lock {self.path / '.lock'} ({e.strerror or e}); remove it or choose "
                             "another run.name") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UserError(f"run directory {self.path} is in use by another run; wait for it, or choose another "
-                            f"run.name") from None
+        for attempt in range(4):  # `watch` and `report` hold a shared lock for an instant: not another run
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if attempt == 3:
+                    os.close(fd)
+                    raise UserError(f"run directory {self.path} is in use by another run; wait for it, or choose "
+                                    f"another run.name") from None
+                time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         self._lock = fd
@@ -167,6 +172,27 @@ class RunDir:
             _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)  # closing the descriptor drops the flock
             self._lock = None
+
+    @staticmethod
+    def lock_held(path: Path) -> bool | None:
+        """Whether a live run holds the lock of the run directory `path` (for watch and report): True, False, or
+        None when it cannot be told (the lock unreadable, no lock support on the filesystem). Creates and writes
+        nothing: it tries a shared flock on a read-only descriptor and drops it at once (the kernel, or NFS's
+        lock manager for a run on another machine, answers for the live holder)."""
+        import fcntl
+
+        try:  # O_NONBLOCK: a FIFO planted as .lock must not hang the open
+            fd = os.open(path / ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:  # none, or a link (_take_lock refuses links: no run can hold it)
+            return False if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR) else None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except OSError as e:
+            return True if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+        finally:
+            os.close(fd)
 
     def holds_earlier_run(self) -> bool:
         return any((self.path / name).exists() for name in RUN_FILES)

@@ -42,6 +42,7 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
     t_start, stop, run = time.perf_counter(), None, None
     try:
         cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)
+        cfg.monitor.check_trackers()  # their extras installed, user factories importable: before the run dir
         run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing to save
         hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
         stop = StopRequest()  # from here until the final checkpoint and summary are written, a signal waits

@@ -2,7 +2,7 @@
 any machine that sees the run directory, and touches nothing in it).
 
 Usage:
-    turbotrain watch runs/gpt-shakespeare          # redraws every 2 s until the run finishes (Ctrl-C leaves)
+    turbotrain watch runs/gpt-shakespeare          # redraws every 2 s while the run goes on (Ctrl-C leaves)
     turbotrain watch runs/gpt-shakespeare --once   # one frame
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from turbotrain.report import RunFiles, load_run
+from turbotrain.report import RunFiles, alert_notes, describe_state, load_run
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -40,16 +40,17 @@ def _num(v: float | None, fmt: str = ".4g", unit: str = "") -> str:
 
 def frame(run: RunFiles, width: int = 60) -> str:
     """One screen of the view, as text."""
-    steps, losses = run.series("loss")
-    state = "finished" if run.summary else \
-        f"running (last write {time.time() - (run.path / 'metrics.jsonl').stat().st_mtime:.0f} s ago)"
+    losses = run.series("loss")[1]
+    last = run.last_row  # the last row's own loss, NaN included: a finite one from before would mislead
     rate = _last(run, "tokens_per_s")
     rate_s = f"{_num(rate, '.4g')} tokens/s" if rate is not None else f"{_num(_last(run, 'samples_per_s'))} samples/s"
     mfu = _last(run, "mfu")
+    loss = last.get("loss")
+    if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+        loss = losses[-1] if losses else None
     lines = [
-        f"turbotrain watch — {run.path}   [{state}]",
-        f"step {steps[-1] if steps else '–'}   loss {_num(losses[-1] if losses else None)}   "
-        f"val_loss {_num(_last(run, 'val_loss'))}",
+        f"turbotrain watch — {run.path}   [{describe_state(run)}]",
+        f"step {last.get('step', '–')}   loss {_num(loss)}   val_loss {_num(_last(run, 'val_loss'))}",
         f"loss   {sparkline(losses, width)}",
         f"       min {_num(min(losses) if losses else None)}  max {_num(max(losses) if losses else None)}",
         f"speed  {rate_s}   step {_num(_last(run, 'step_ms'), '.1f', ' ms')}   "
@@ -62,28 +63,38 @@ def frame(run: RunFiles, width: int = 60) -> str:
         f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
         f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}"
         + (f"   exposed comm {run.exposed_comm_share:.1%} (profile)" if run.exposed_comm_share is not None else ""),
-        f"alerts ({len(run.alerts)}):",
+        *_alert_lines(run, width),
     ]
-    for a in run.alerts[-5:]:
-        msg = str(a.get("message", "")).split("\n", 1)[0]
-        lines.append(f"  step {a.get('step')} rank {a.get('rank')} {a.get('rule')}: {msg[:width + 40]}")
-    if not run.alerts:
-        lines.append("  none")
     return "\n".join(lines)
 
 
+def _alert_lines(run: RunFiles, width: int) -> list[str]:
+    """The latest alerts; "none" only where nothing says alerts were lost (report.alert_notes)."""
+    notes = alert_notes(run)
+    lines = [f"alerts ({len(run.alerts)}{' readable, incomplete' if notes else ''}):"]
+    lines += [f"  ! {note}" for note in notes]
+    for a in run.alerts[-5:]:
+        msg = str(a.get("message", "")).split("\n", 1)[0]
+        lines.append(f"  step {a.get('step')} rank {a.get('rank')} {a.get('rule')}: {msg[:width + 40]}")
+    if not run.alerts and not notes:
+        lines.append("  none")
+    return lines
+
+
 def watch(run_dir: str | Path, once: bool = False, interval_s: float = 2.0) -> None:
-    """Print frames until the run has a summary.json (finished) or Ctrl-C; `once`: one frame."""
+    """Print frames while the run goes on (report.run_state: its lock held), then its last frame; `once`: one
+    frame. Where the lock cannot be tested it goes on until a summary.json appears (or Ctrl-C)."""
     path = Path(run_dir)
     while True:
-        text = frame(load_run(path))
+        run = load_run(path)
+        text = frame(run)
         if once:
             print(text)
             return
         if sys.stdout.isatty():
             sys.stdout.write("\x1b[H\x1b[2J")  # home + clear: redraw in place
         print(text, flush=True)
-        if (path / "summary.json").is_file():
+        if run.state in ("finished", "stopped"):  # no process writes to it now: a further frame would be the same
             return
         try:
             time.sleep(interval_s)

@@ -321,10 +321,23 @@ def test_host_out_of_memory_is_a_user_error(capsys, no_train, exc):
     assert line.startswith("error: out of memory") and "data.batch_size" in line
 
 
-def test_other_runtime_errors_still_raise(no_train):
-    no_train["raise"] = RuntimeError("a bug")
+def test_other_runtime_errors_still_raise(monkeypatch):
+    """A bug in turbotrain (no frame of the user's code on the traceback) keeps its traceback for the report;
+    the fake trainer is compiled under trainer.py's file name, as the real one's frames are."""
+    import turbotrain.trainer
+
+    code = compile("def train(cfg, *a, **k):\n    raise RuntimeError('a bug')\n", turbotrain.trainer.__file__, "exec")
+    scope: dict = {}
+    exec(code, scope)
+    monkeypatch.setattr("turbotrain.trainer.train", scope["train"])
     with pytest.raises(RuntimeError, match="a bug"):
         main(["train", "mlp-seed"])
+
+
+def test_an_error_raised_in_the_users_code_is_one_line(no_train, capsys):
+    no_train["raise"] = RuntimeError("their bug")  # raised in this file: the user's code, as far as turbotrain knows
+    line = cli_error(capsys, ["train", "mlp-seed"])
+    assert "your code raised RuntimeError: their bug" in line and "test_config_cli.py:" in line, line
 
 
 # ---------------------------------------------------------------- 4. argparse errors, one line each

@@ -25,7 +25,8 @@ class MonitorConfig:
     """The `[monitor]` section: where metrics and alerts go, and when alerts fire."""
 
     trackers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
-    """Metric sinks: "jsonl" (always on) | "tensorboard" | "csv" | "wandb" | "mlflow"."""
+    """Metric sinks: "jsonl" (always on) | "tensorboard" | "csv" | "wandb" | "mlflow" (these two need
+    turbotrain[trackers]) | "pkg.module:factory" (your own: see turbotrain.monitor.trackers)."""
     webhook_url: str = ""
     """POST every alert as JSON to this URL ("" = off); never blocks training."""
     webhook_timeout_s: float = 5.0
@@ -70,6 +71,10 @@ class MonitorConfig:
     """sync_latency: a small all-reduce at a log step takes longer than this many ms (0 = off; 2+ ranks)."""
 
     def __post_init__(self) -> None:
+        from turbotrain.monitor.trackers import trackers_problem
+
+        if problem := trackers_problem(self.trackers):  # at the config load: before the run directory is touched
+            raise UserError(problem)
         if not 0 <= self.prometheus_port <= 65535:
             raise UserError(f"monitor.prometheus_port = {self.prometheus_port}: expected 0 (off) or a port 1-65535")
         if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
@@ -92,6 +97,13 @@ class MonitorConfig:
             raise UserError("monitor.loss_diverging_window: a trend needs at least 3 log steps (0 = off)")
         if self.throughput_drop_ratio >= 1:
             raise UserError(f"monitor.throughput_drop_ratio = {self.throughput_drop_ratio}: must be < 1 (0 = off)")
+
+    def check_trackers(self) -> None:
+        """What the config load leaves to the machine that trains (trackers.check_trackers: the extras installed,
+        your own factories importable); call it before the run directory is touched, as train.callbacks are."""
+        from turbotrain.monitor.trackers import check_trackers
+
+        check_trackers(self.trackers)
 
 
 @dataclass(frozen=True)

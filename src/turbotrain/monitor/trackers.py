@@ -312,21 +312,63 @@ def _import(name: str):
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise UserError(f"monitor.trackers names {name!r} but {name} is not installed: pip install {name} "
-                        f"(or turbotrain[trackers]), or remove it from monitor.trackers") from None
+        raise UserError(_not_installed(name)) from None
+
+
+def _not_installed(name: str) -> str:
+    return (f"monitor.trackers names {name!r} but {name} is not installed: pip install {name} "
+            f"(or turbotrain[trackers]), or remove it from monitor.trackers")
 
 
 def tracker_problem(spec: str) -> str | None:
     """Why `spec` cannot name a tracker (None: it can), for config validation: a built-in or "pkg.module:factory"."""
-    if spec in BUILTIN or (":" in spec and all(spec.partition(":")[::2])):
+    mod, _, attr = spec.partition(":")
+    if spec in BUILTIN or (attr.isidentifier() and all(p.isidentifier() for p in mod.split("."))):
         return None
     return f"unknown tracker {spec!r}; expected one of {', '.join(BUILTIN)} or \"pkg.module:factory\""
+
+
+def trackers_problem(specs: list) -> str | None:
+    """Why a `monitor.trackers` list cannot name trackers (None: it can), as a whole UserError message, for the
+    config load: each entry a string, a built-in name or of the "pkg.module:factory" form. Nothing here depends
+    on the machine (what is installed): a finished run's config.toml must load wherever it is read (export,
+    load); `check_trackers` does that part before a run starts."""
+    for spec in specs:
+        if not isinstance(spec, str):  # a number from TOML, or an object set from Python (config.toml records names)
+            return (f"monitor.trackers = {specs!r}: {spec!r} is not a tracker name; expected a list of strings, each "
+                    f"one of {', '.join(BUILTIN)} or \"pkg.module:factory\" (a tracker of your own: its factory)")
+        if problem := tracker_problem(spec):
+            return f"monitor.trackers: {problem}"
+    return None
+
+
+def check_trackers(specs: list[str]) -> None:
+    """Before a run touches its directory (MonitorConfig.check_trackers, where train.callbacks are imported):
+    the extras of wandb / mlflow installed (found, not imported) and each "pkg.module:factory" of your own
+    importable and callable (the user's module is imported here, as train.callbacks' are). One UserError."""
+    import importlib.util
+
+    from turbotrain.plugins import load_object
+
+    for spec in specs:
+        if spec in ("wandb", "mlflow"):
+            try:
+                found = importlib.util.find_spec(spec) is not None
+            except (ImportError, ValueError):  # a module in sys.modules without a spec: it is there
+                found = True
+            if not found:
+                raise UserError(_not_installed(spec))
+        elif ":" in spec:
+            load_object(spec, "monitor.trackers")
 
 
 def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tracker | None:
     """One tracker from a `monitor.trackers` entry: a built-in name, "pkg.module:factory", or a Tracker object
     (Python API). None when an optional sink is unavailable (TensorBoard not installed: said once)."""
-    if not isinstance(spec, str):
+    if not isinstance(spec, str):  # a Tracker object (Python API): it must be one, or the first row fails deep
+        if not (callable(getattr(spec, "log", None)) and callable(getattr(spec, "close", None))):
+            raise UserError(f"monitor.trackers: {repr(spec)[:60]} is not a tracker (an object with log(row) and "
+                            f"close()); pass a tracker name, \"pkg.module:factory\" or such an object")
         return spec
     if spec == "jsonl":
         return JsonlTracker(run_dir)
