@@ -237,6 +237,21 @@ def _alive(pid: int) -> bool:
 
 def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,
               converge: bool = False, compare: list[str] = ()) -> dict:
+    """Each variant (and comparator) as its own `turbotrain train` run, then bench.{json,md,png}. On SIGTERM or
+    Ctrl-C the running one is killed with its whole process tree (as tune's trials are) and the process exits
+    128 + the signal's number after one `error:` line."""
+    with interrupts():
+        try:
+            return _run_bench(config, overrides, variants, repeats, converge, compare)
+        except Interrupted as e:
+            print(f"error: {e} during bench; the running variant was stopped and no bench.md was written (the "
+                  f"variants finished so far keep their run folders); rerun the same command", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(128 + e.signum) from None
+
+
+def _run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int,
+               converge: bool, compare: list[str]) -> dict:
     cfg = load_config(config, overrides)
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if converge and cfg.data.name == "synthetic":

@@ -186,3 +186,31 @@ def test_every_speedup_compares_like_with_like(tmp_path, monkeypatch):
     assert "| t00 | baseline | (input config) | 120.0 | 1.00 |" in table
     assert "x t00" in table and "over the input config's median" in table
     assert "1.10x the input config (finalists' medians)" in table
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_sigterm_to_bench_kills_the_running_variant(tmp_path):
+    """bench runs each variant as its own process tree, as tune runs trials: SIGTERM leaves none running."""
+    cmd = [sys.executable, "-m", "turbotrain", "bench", TOML, f"run.out_dir={str(tmp_path)!r}", "data.args.delay=0.05",
+           "--variants", "baseline"]
+    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
+                             cwd=tmp_path, start_new_session=True)
+    variant = pgid = None
+    try:
+        deadline = time.monotonic() + 60
+        while variant is None and time.monotonic() < deadline and bench.poll() is None:
+            variant = next(iter(_children(bench.pid)), None)
+            time.sleep(0.2)
+        assert variant is not None, "no variant started"
+        pgid = os.getpgid(variant)
+        time.sleep(1.0)
+        bench.send_signal(signal.SIGTERM)
+        out, err = bench.communicate(timeout=30)
+        assert bench.returncode == 128 + signal.SIGTERM, (bench.returncode, out[-2000:], err[-2000:])
+        assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM during bench"), err
+        assert not _alive(variant) and _group_is_empty(pgid)
+    finally:
+        for group in (bench.pid, pgid):
+            if group and not _group_is_empty(group):
+                os.killpg(group, signal.SIGKILL)
+        bench.communicate()
