@@ -21,7 +21,7 @@ import torch
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir, write_report
-from turbotrain.log import Heartbeat, run_logged, run_progress, say
+from turbotrain.log import Heartbeat, run_progress, say
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
@@ -86,12 +86,13 @@ def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeo
     killed past it and 124 returned."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, *(["-m"] if module else []), *args]
-    if timeout_s is None:
-        return run_logged(cmd, log, what, run_progress(run_dir, steps), env)
-    return _run_until(cmd, log, what, run_progress(run_dir, steps), env, timeout_s)
+    return run_until(cmd, log, what, run_progress(run_dir, steps), env, timeout_s)
 
 
-def _run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s: float) -> int:
+def run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s: float | None = None) -> int:
+    """Run a child process (its output in `log`, `what` said every 10 s with `status()`), killed with its whole
+    process tree past `timeout_s` (then 124) and on any exception here, `Interrupted` included: no child of
+    bench, tune or scale outlives them."""
     import subprocess
 
     with open(log, "w") as f, Heartbeat(what, status=status):
@@ -100,7 +101,7 @@ def _run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_
             with _SignalsWait():
                 # its own process group, so the kill below never reaches this process
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            return proc.wait(timeout=max(0.0, timeout_s))
+            return proc.wait(timeout=None if timeout_s is None else max(0.0, timeout_s))
         except subprocess.TimeoutExpired:
             return 124
         finally:  # also on Ctrl-C, SIGTERM (`interrupts`) or any error in the parent: no trial outlives it

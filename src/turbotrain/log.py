@@ -53,14 +53,6 @@ class Heartbeat:
             self._thread.join()
 
 
-def run_logged(cmd: list[str], log_path, what: str, status=None, env: dict | None = None) -> int:
-    """Run a child process with its output in `log_path`, saying every 10 s what runs (and `status()`)."""
-    import subprocess
-
-    with open(log_path, "w") as f, Heartbeat(what, status=status):
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-
-
 def run_progress(run_dir, total_steps: int):
     """A `status` for Heartbeat: the child run's last logged step and ETA, read from its metrics.jsonl."""
     import json

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.bench import Interrupted, interrupts, run_until
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir, write_report
-from turbotrain.log import run_logged, run_progress, say
+from turbotrain.log import run_progress, say
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
 
@@ -28,14 +29,26 @@ def _torchrun(n: int, config: str | None, overrides: list[str], log: Path, what:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            "-m", "turbotrain", "train", *([config] if config else []), *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return run_logged(cmd, log, what, run_progress(run_dir, steps), env)
+    return run_until(cmd, log, what, run_progress(run_dir, steps), env)
 
 
 def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
               repeats: int = 1) -> dict:
     """Each (strategy, world size) `repeats` times; a row holds the median run and the spread. Repeats go in
     rounds over the world sizes (1, 2, 1, 2, ...), so a machine that drifts during the call moves every world
-    size alike instead of one efficiency (a call's first job can run slow: benchmarks/NOTES.md)."""
+    size alike instead of one efficiency (a call's first job can run slow: benchmarks/NOTES.md). On SIGTERM
+    or Ctrl-C the running torchrun is killed with its workers, then one `error:` line, exit 128 + signal."""
+    with interrupts():
+        try:
+            return _run_scale(config, overrides, gpus, strategies, repeats)
+        except Interrupted as e:
+            print(f"error: {e} during scale; the running torchrun and its workers were stopped and no scale.md was "
+                  f"written; rerun the same command", file=sys.stderr, flush=True)
+            raise SystemExit(128 + e.signum) from None
+
+
+def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
+               repeats: int) -> dict:
     cfg = load_config(config, overrides)  # validate once, before launching anything
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if on_gpu and max(gpus) > torch.cuda.device_count():

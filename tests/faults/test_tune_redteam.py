@@ -98,7 +98,7 @@ def test_sigterm_kills_the_running_trial_and_writes_a_partial_report(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 def test_a_timed_out_trial_is_killed_with_the_workers_it_started_in_their_own_sessions(tmp_path):
     """torchrun starts each worker with start_new_session: killing the trial's process group alone left them."""
-    from turbotrain.bench import _run_until
+    from turbotrain.bench import run_until
 
     pid_file = tmp_path / "worker.pid"
     script = ("import subprocess, sys, time; "
@@ -107,7 +107,7 @@ def test_a_timed_out_trial_is_killed_with_the_workers_it_started_in_their_own_se
     t0 = time.monotonic()
     worker = None
     try:
-        rc = _run_until([sys.executable, "-c", script], tmp_path / "log", "test", None, dict(os.environ), 3.0)
+        rc = run_until([sys.executable, "-c", script], tmp_path / "log", "test", None, dict(os.environ), 3.0)
         worker = int(pid_file.read_text())
         assert rc == 124
         assert not _alive(worker), f"worker {worker} outlived its trial ({_state(worker)})"
@@ -214,3 +214,39 @@ def test_sigterm_to_bench_kills_the_running_variant(tmp_path):
             if group and not _group_is_empty(group):
                 os.killpg(group, signal.SIGKILL)
         bench.communicate()
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_sigterm_to_scale_kills_torchrun_and_its_workers(tmp_path):
+    """scale's torchrun starts its worker in a session of its own: SIGTERM to scale must reach it too."""
+    cmd = [sys.executable, "-m", "turbotrain", "scale", TOML, f"run.out_dir={str(tmp_path)!r}", "data.args.delay=0.05",
+           "--gpus", "1"]
+    scale = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
+                             cwd=tmp_path, start_new_session=True)
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(tree) < 2 and time.monotonic() < deadline and scale.poll() is None:  # torchrun and its worker
+            tree = _descendants(scale.pid)
+            time.sleep(0.2)
+        assert len(tree) >= 2, f"torchrun's worker did not start: {tree}"
+        time.sleep(1.0)
+        scale.send_signal(signal.SIGTERM)
+        out, err = scale.communicate(timeout=30)
+        assert scale.returncode == 128 + signal.SIGTERM, (scale.returncode, out[-2000:], err[-2000:])
+        assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM during scale"), err
+        assert not [p for p in tree if _alive(p)], [(p, _state(p)) for p in tree]
+    finally:
+        for p in [scale.pid, *tree]:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        scale.communicate()
