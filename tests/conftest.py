@@ -12,6 +12,13 @@ if _TESTS not in sys.path:
     sys.path.append(_TESTS)  # appended: tests/ must not shadow installed modules
 
 
+@pytest.fixture
+def userpkg_importable(monkeypatch):
+    """tests/ first on sys.path for the test (the CLI in-process puts the current directory first), so
+    "userpkg.x:y" strings import. Usage: `pytestmark = pytest.mark.usefixtures("userpkg_importable")`."""
+    monkeypatch.syspath_prepend(_TESTS)
+
+
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch):
     """Each test starts with dynamo reset, default TF32 flags and the process env restored."""

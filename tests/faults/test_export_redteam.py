@@ -19,10 +19,7 @@ from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
 
-
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 def _train(out: Path, model: nn.Module | None = None, *overrides: str) -> Path:

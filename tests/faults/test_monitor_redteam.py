@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.faults.common import BASE_TOML, error_line, lit
-from tests.helpers import TESTS
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
@@ -24,9 +23,7 @@ BASE = str(BASE_TOML)
 STOPPED = "stopped (no summary: crashed, killed or ended by an error)"
 
 
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 @pytest.fixture(scope="module")

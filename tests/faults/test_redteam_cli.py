@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.faults.common import BASE_TOML, error_line, lit
-from tests.helpers import TESTS
 from turbotrain.cli import main
 
 BASE = str(BASE_TOML)
 
 
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,14 @@ from tests.faults.common import (
     subprocess_env,
     wait_for,
 )
-from tests.helpers import TESTS, TINY_GPT
+from tests.helpers import TINY_GPT
 from turbotrain.cli import main
 
 BASE = str(BASE_TOML)
 GPT = ["gpt2-124m", *TINY_GPT, 'run.device="cpu"', "train.log_every=1", "run.name=gpt"]
 
 
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 def train(capsys, *argv: str) -> tuple[int, str, str]:

@@ -50,49 +50,57 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _group_is_empty(pgid: int) -> bool:
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _sigterm_while_running(args: list[str], tmp_path: Path, children: int = 1, wait_s: float = 60):
+    """`turbotrain ARGS` in a session of its own on the slow workload; once `children` processes run under it,
+    SIGTERM to it alone (as `kill PID` does). (return code, stdout, stderr, the process tree seen before the
+    signal); nothing is left running, whatever fails."""
+    cmd = [sys.executable, "-m", "turbotrain", args[0], TOML, f"run.out_dir={str(tmp_path)!r}",
+           "data.args.delay=0.05", *args[1:]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
+                            cwd=tmp_path, start_new_session=True)
+    tree: list[int] = []
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+        deadline = time.monotonic() + wait_s
+        while len(tree) < children and time.monotonic() < deadline and proc.poll() is None:
+            tree = _descendants(proc.pid)
+            time.sleep(0.2)
+        assert len(tree) >= children, f"{args[0]}: {children} child process(es) did not start: {tree}"
+        time.sleep(1.0)  # the children are past their start (interpreters up)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        return proc.returncode, out, err, tree
+    finally:
+        for pid in [proc.pid, *tree]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 def test_sigterm_kills_the_running_trial_and_writes_a_partial_report(tmp_path):
     # 32 items x 0.05 s a step: the input config's 40-step trial needs about a minute, so SIGTERM lands in it
-    cmd = [sys.executable, "-m", "turbotrain", "tune", TOML, f"run.out_dir={str(tmp_path)!r}", "data.args.delay=0.05",
-           "--budget-min", "2"]
-    tune = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
-                            cwd=tmp_path, start_new_session=True)
-    trial = pgid = None
-    try:
-        deadline = time.monotonic() + 60
-        while trial is None and time.monotonic() < deadline and tune.poll() is None:
-            trial = next(iter(_children(tune.pid)), None)
-            time.sleep(0.2)
-        assert trial is not None, "no trial started"
-        pgid = os.getpgid(trial)
-        time.sleep(1.0)  # the trial is past its start (its interpreter up)
-        tune.send_signal(signal.SIGTERM)  # the tune process alone, as `kill PID` does
-        out, err = tune.communicate(timeout=30)
-        assert tune.returncode == 128 + signal.SIGTERM, (tune.returncode, out[-2000:], err[-2000:])
-        assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM"), err
-        assert "rerun" in err and "tune.md" in err
-        assert not _alive(trial) and _group_is_empty(pgid)  # no trial outlives tune
-        report = tmp_path / "tune-slow" / "tune"
-        result = json.loads((report / "tune.json").read_text())
-        assert result["partial"]["why"] == "interrupted by SIGTERM" and result["winner"] is None
-        assert result["trials"][0]["status"] == "interrupted" and not (report / "tuned.toml").exists()
-        assert "PARTIAL REPORT" in (report / "tune.md").read_text()
-        assert not list(report.glob(".*.tmp"))  # every file written whole, no temporary left
-        time.sleep(1.0)
-        assert not list((report / "trials").glob("*/summary.json"))  # the trial did not go on to its end
-    finally:  # whatever failed above, leave nothing running
-        for group in (tune.pid, pgid):
-            if group and not _group_is_empty(group):
-                os.killpg(group, signal.SIGKILL)
-        tune.communicate()
+    rc, out, err, tree = _sigterm_while_running(["tune", "--budget-min", "2"], tmp_path)
+    assert rc == 128 + signal.SIGTERM, (rc, out[-2000:], err[-2000:])
+    assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM"), err
+    assert "rerun" in err and "tune.md" in err
+    assert not [p for p in tree if _alive(p)]  # no trial outlives tune
+    report = tmp_path / "tune-slow" / "tune"
+    result = json.loads((report / "tune.json").read_text())
+    assert result["partial"]["why"] == "interrupted by SIGTERM" and result["winner"] is None
+    assert result["trials"][0]["status"] == "interrupted" and not (report / "tuned.toml").exists()
+    assert "PARTIAL REPORT" in (report / "tune.md").read_text()
+    assert not list(report.glob(".*.tmp"))  # every file written whole, no temporary left
+    time.sleep(1.0)
+    assert not list((report / "trials").glob("*/summary.json"))  # the trial did not go on to its end
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
@@ -189,64 +197,13 @@ def test_every_speedup_compares_like_with_like(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
-def test_sigterm_to_bench_kills_the_running_variant(tmp_path):
-    """bench runs each variant as its own process tree, as tune runs trials: SIGTERM leaves none running."""
-    cmd = [sys.executable, "-m", "turbotrain", "bench", TOML, f"run.out_dir={str(tmp_path)!r}", "data.args.delay=0.05",
-           "--variants", "baseline"]
-    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
-                             cwd=tmp_path, start_new_session=True)
-    variant = pgid = None
-    try:
-        deadline = time.monotonic() + 60
-        while variant is None and time.monotonic() < deadline and bench.poll() is None:
-            variant = next(iter(_children(bench.pid)), None)
-            time.sleep(0.2)
-        assert variant is not None, "no variant started"
-        pgid = os.getpgid(variant)
-        time.sleep(1.0)
-        bench.send_signal(signal.SIGTERM)
-        out, err = bench.communicate(timeout=30)
-        assert bench.returncode == 128 + signal.SIGTERM, (bench.returncode, out[-2000:], err[-2000:])
-        assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM during bench"), err
-        assert not _alive(variant) and _group_is_empty(pgid)
-    finally:
-        for group in (bench.pid, pgid):
-            if group and not _group_is_empty(group):
-                os.killpg(group, signal.SIGKILL)
-        bench.communicate()
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
-def test_sigterm_to_scale_kills_torchrun_and_its_workers(tmp_path):
-    """scale's torchrun starts its worker in a session of its own: SIGTERM to scale must reach it too."""
-    cmd = [sys.executable, "-m", "turbotrain", "scale", TOML, f"run.out_dir={str(tmp_path)!r}", "data.args.delay=0.05",
-           "--gpus", "1"]
-    scale = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=userpkg_env(),
-                             cwd=tmp_path, start_new_session=True)
-    tree: list[int] = []
-    try:
-        deadline = time.monotonic() + 90
-        while len(tree) < 2 and time.monotonic() < deadline and scale.poll() is None:  # torchrun and its worker
-            tree = _descendants(scale.pid)
-            time.sleep(0.2)
-        assert len(tree) >= 2, f"torchrun's worker did not start: {tree}"
-        time.sleep(1.0)
-        scale.send_signal(signal.SIGTERM)
-        out, err = scale.communicate(timeout=30)
-        assert scale.returncode == 128 + signal.SIGTERM, (scale.returncode, out[-2000:], err[-2000:])
-        assert err.count("\n") == 1 and err.startswith("error: interrupted by SIGTERM during scale"), err
-        assert not [p for p in tree if _alive(p)], [(p, _state(p)) for p in tree]
-    finally:
-        for p in [scale.pid, *tree]:
-            if _alive(p):
-                os.kill(p, signal.SIGKILL)
-        scale.communicate()
+@pytest.mark.parametrize("args, children", [(["bench", "--variants", "baseline"], 1),
+                                            (["scale", "--gpus", "1"], 2)],  # torchrun, its worker in its own session
+                         ids=["bench", "scale"])
+def test_sigterm_to_bench_or_scale_kills_every_child(tmp_path, args, children):
+    """bench's variants and scale's torchrun run as process trees of their own, as tune's trials: SIGTERM leaves
+    none running, and says so in one line."""
+    rc, out, err, tree = _sigterm_while_running(args, tmp_path, children, wait_s=90)
+    assert rc == 128 + signal.SIGTERM, (rc, out[-2000:], err[-2000:])
+    assert err.count("\n") == 1 and err.startswith(f"error: interrupted by SIGTERM during {args[0]}"), err
+    assert not [p for p in tree if _alive(p)], [(p, _state(p)) for p in tree]

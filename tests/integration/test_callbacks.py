@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.faults.common import BASE_TOML, error_line, lit
-from tests.helpers import TESTS, TINY_GPT, count_host_reads
+from tests.helpers import TINY_GPT, count_host_reads
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.trainer import train
@@ -14,9 +14,7 @@ from turbotrain.trainer import train
 BASE = str(BASE_TOML)
 
 
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 def rows(run_dir):

@@ -8,7 +8,6 @@ import math
 import pytest
 
 from tests.faults.common import BASE_TOML, CrashAt, lit
-from tests.helpers import TESTS
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
@@ -17,9 +16,7 @@ from turbotrain.trainer import train
 BASE = str(BASE_TOML)
 
 
-@pytest.fixture(autouse=True)
-def _userpkg_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
 
 def jsonl(run_dir) -> list[dict]:
