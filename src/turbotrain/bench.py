@@ -27,7 +27,7 @@ from turbotrain.models.structure import find_blocks, supports_fused_loss
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
             "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
-            "kernels.fused_loss=false"]
+            "kernels.fused_loss=false", "kernels.convnet=false"]
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
 
@@ -46,10 +46,11 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "act_ckpt": ['memory.activation_checkpointing="full"'],
         "fused_opt": ['train.optimizer_impl="fused"'],
         "fused_loss": ['kernels.fused_loss="auto"'],  # on where the model and config allow it
+        "convnet": ['kernels.convnet="auto"'],
         # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
         "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
-                'memory.channels_last="auto"', 'kernels.fused_loss="auto"', *AUTO_DATA],
+                'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"', *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
@@ -75,7 +76,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
-    out += (["channels_last"] if conv else []) + (["act_ckpt"] if blocks else [])
+    out += (["channels_last", "convnet"] if conv else []) + (["act_ckpt"] if blocks else [])
     return out + ["all"]
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
 from turbotrain.accel.compile import CompileConfig, apply_compile
+from turbotrain.accel.convnet import apply_convnet_kernels
 from turbotrain.accel.fp8 import apply_fp8
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
@@ -47,20 +48,19 @@ class Trainee:
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
                      seed: int = 0, *, fp8: str = "off", fp8_head: bool = False,
-                     fused_loss: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     fused_loss: bool = False, convnet: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
-    1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
-    2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
-       only that stage reaches the device; 6 and 7 then wrap the stage's own blocks, and the schedule over the
-       stage takes the place of DDP/FSDP2 in 8 (with parallel.pp_stages < world, FSDP2 shards the stage over
-       its data-parallel group first, so the schedule runs the sharded stage).
+    1. TF32 switch (process-wide, before anything runs). 2. pipeline split (strategy="pipeline"): each rank
+       keeps its stage of blocks before the device move, so only that stage reaches the device; 6 and 7 then
+       wrap the stage's own blocks, and the schedule over the stage takes the place of DDP/FSDP2 in 8 (with
+       parallel.pp_stages < world, FSDP2 shards the stage over its data-parallel group first).
     3. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
        is materialised here unless FSDP2 shards it first (then right after 8: only its shard ever exists).
     4. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
        so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
        FSDP2, so fully_shard shards the FP8-aware weights and all-gathers them in FP8 (tensorwise); before
        activation checkpointing, so the swap sees the plain block modules.
-    5. channels_last: parameters in NHWC before compile traces them.
+    5. channels_last (parameters in NHWC), then the convnet kernels' layer rewrites: before compile traces them.
     6. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     7. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
     8. DDP, FSDP2/HSDP or the pipeline schedule. DDP wraps model + loss: dynamo breaks the graph at DDP's
@@ -83,8 +83,9 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
         meta_init.materialize(model, device, seed)
     model = model if sharded_meta else model.to(device)
     apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
-    if mem.channels_last:
-        model = apply_channels_last(model)
+    model = apply_channels_last(model) if mem.channels_last else model
+    if convnet:
+        apply_convnet_kernels(model, device)
     apply_activation_checkpointing(model, mem.activation_checkpointing)
     compiled = apply_compile(model, comp) if comp.scope == "blocks" else []
     if par.strategy == "ddp":
@@ -125,7 +126,7 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
                                                     cfg.parallel, cfg.run.seed, fp8=cfg.precision.fp8,
                                                     fp8_head=cfg.precision.fp8_head,
-                                                    fused_loss=cfg.kernels.fused_loss)
+                                                    fused_loss=cfg.kernels.fused_loss, convnet=cfg.kernels.convnet)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
     if fsdp_sharded(cfg.parallel, world):

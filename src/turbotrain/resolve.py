@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from turbotrain.accel.convnet import convnet_targets
 from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
@@ -40,6 +41,7 @@ class Facts:
     loss_in_code: bool = False  # the Python API was given a loss function other than the built-in cross-entropy
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
+    convnet_targets: int = 0  # stem-like convs and max pools kernels.convnet would rewrite
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -56,7 +58,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  data_args=data_args, in_memory_bytes=train_ds.nbytes if isinstance(train_ds, TensorDataset) else None,
                  cpus=cpus, fused_loss_ready=supports_fused_loss(model) and fused_loss_why is None,
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
-                 on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code)
+                 on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
+                 convnet_targets=convnet_targets(model))
 
 
 class _Changes:
@@ -86,6 +89,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, on_gpu)
     _resolve_fused_loss(c, facts)
+    _resolve_convnet(c, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -245,6 +249,17 @@ def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
         c.set("train", "optimizer_impl", "fused" if fused_ok and on_gpu else "foreach")
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
+
+
+def _resolve_convnet(c: _Changes, facts: Facts) -> None:
+    """"auto": on a GPU where the model has a stem-like conv or a max pool; true on a model with neither is an
+    error (on a CPU true runs: the stem rewrite is exact there too, the pools stay torch's)."""
+    setting = c.cfg.kernels.convnet
+    if setting == "auto":
+        c.set("kernels", "convnet", facts.device.type == "cuda" and facts.convnet_targets > 0)
+    elif setting and not facts.convnet_targets:
+        raise UserError("kernels.convnet = true rewrites stride-2 stem convs over <= 4 channels and nn.MaxPool2d "
+                        "layers, and the model has neither; set kernels.convnet=\"auto\" or false")
 
 
 def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:

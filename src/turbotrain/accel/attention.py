@@ -46,6 +46,10 @@ class KernelsConfig:
     """LM head + cross-entropy as one op (Triton on GPU): no fp32 logits, gradients computed in the forward;
     needs model `hidden` and a bias-free `head`, cross-entropy, no FSDP2/HSDP/pipeline, the head not in FP8
     ("auto": on where all of that holds, else off)."""
+    convnet: bool | Literal["auto"] = "auto"
+    """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
+    pools on channels_last GPU tensors by Triton kernels (bit-identical) ("auto": on a GPU, for models with
+    either; ResNet-50 on an H100: +3-4.5 % images/s)."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
