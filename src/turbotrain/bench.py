@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.accel.convnet import convnet_targets
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir, write_report
@@ -46,7 +47,7 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "act_ckpt": ['memory.activation_checkpointing="full"'],
         "fused_opt": ['train.optimizer_impl="fused"'],
         "fused_loss": ['kernels.fused_loss="auto"'],  # on where the model and config allow it
-        "convnet": ['kernels.convnet="auto"'],
+        "convnet": ["kernels.convnet=true", 'memory.channels_last="auto"'],  # the pool kernels need NHWC
         # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
         "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
@@ -76,7 +77,8 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
-    out += (["channels_last", "convnet"] if conv else []) + (["act_ckpt"] if blocks else [])
+    out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
+    out += ["act_ckpt"] if blocks else []
     return out + ["all"]
 
 

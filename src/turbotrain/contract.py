@@ -241,7 +241,7 @@ def _model_key(model: nn.Module, arg: str) -> str:
     return f"model.args.{arg}" if _builtin_model(model) else f"the model's {arg}"
 
 
-def _check_declared(model: nn.Module, x: torch.Tensor, names: Names) -> None:
+def check_declared(model: nn.Module, x: torch.Tensor, names: Names) -> None:
     """The sizes a built-in model declares as attributes (vocab_size, block_size, in_channels, in_features,
     image_size) against the batch. User models are checked layer by layer in the forward instead (an
     attribute of theirs with one of these names may mean something else)."""
@@ -454,7 +454,7 @@ def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor]
     time, before the model is wrapped or compiled; leaves no trace (RNG state, BatchNorm statistics and
     gradients as before). Raises one UserError naming the model, the data and the loss."""
     x, y = sample
-    _check_declared(model, x, names)
+    check_declared(model, x, names)
     y_full = y
     if _declares_sequence(model, x, y):  # ids and length checked above: a short prefix shows the rest
         x, y = x[:, :PREFIX], y[:, :PREFIX]  # (GPT-2 124M on 2x1024 tokens would take seconds on a CPU)

@@ -16,7 +16,7 @@ from torch import nn
 from turbotrain.accel import precision
 from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
 from turbotrain.accel.compile import CompileConfig, apply_compile
-from turbotrain.accel.convnet import apply_convnet_kernels
+from turbotrain.accel.convnet import set_convnet_kernels
 from turbotrain.accel.fp8 import apply_fp8
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
@@ -84,8 +84,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     model = model if sharded_meta else model.to(device)
     apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
     model = apply_channels_last(model) if mem.channels_last else model
-    if convnet:
-        apply_convnet_kernels(model, device)
+    set_convnet_kernels(model, convnet, device)  # off: a model rewritten by an earlier run gets its layers back
     apply_activation_checkpointing(model, mem.activation_checkpointing)
     compiled = apply_compile(model, comp) if comp.scope == "blocks" else []
     if par.strategy == "ddp":

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from turbotrain import contract
 from turbotrain.accel.attention import measure_attention
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
+from turbotrain.accel.convnet import set_convnet_kernels
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, config_from_dict, to_toml
 from turbotrain.data.datasets import map_dict_items
@@ -56,6 +57,12 @@ class Run:
     info: dict  # facts of the run for the summary
     shapes: dict  # the whole model's parameter shapes: a checkpoint's identity (a pipeline stage holds a part)
     compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
+
+    def close(self) -> None:
+        """The run dir's lock released and the user's model given back with torch's own layers (kernels.convnet
+        rewrites them in place for the run)."""
+        self.rundir.release()
+        set_convnet_kernels(self.trainee.model, False, self.trainee.device)
 
     def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
         """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
@@ -113,8 +120,10 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                           cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
     # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
     sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
-    if not meta_init.is_meta(model):  # a meta model is checked once materialised (below)
+    if not meta_init.is_meta(model):  # a meta model runs its forward once materialised (below)
         contract.check_model_data(model, sample, loss_fn, names)
+    else:  # the sizes a built-in model declares, before shapes that do not fit reach the FLOP count
+        contract.check_declared(model, sample[0], names)
     _check_val_items(val_ds, val_data is not None, sample, names)
     cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())

@@ -59,7 +59,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  cpus=cpus, fused_loss_ready=supports_fused_loss(model) and fused_loss_why is None,
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
-                 convnet_targets=convnet_targets(model))
+                 convnet_targets=convnet_targets(model, device))
 
 
 class _Changes:
@@ -252,14 +252,15 @@ def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
 
 
 def _resolve_convnet(c: _Changes, facts: Facts) -> None:
-    """"auto": on a GPU where the model has a stem-like conv or a max pool; true on a model with neither is an
-    error (on a CPU true runs: the stem rewrite is exact there too, the pools stay torch's)."""
+    """"auto": on a GPU where the model has a layer to rewrite; true where it has none here is an error (on a CPU
+    true rewrites stems only: the stem rewrite is exact there too, the max pools' kernels are GPU kernels)."""
     setting = c.cfg.kernels.convnet
     if setting == "auto":
         c.set("kernels", "convnet", facts.device.type == "cuda" and facts.convnet_targets > 0)
     elif setting and not facts.convnet_targets:
-        raise UserError("kernels.convnet = true rewrites stride-2 stem convs over <= 4 channels and nn.MaxPool2d "
-                        "layers, and the model has neither; set kernels.convnet=\"auto\" or false")
+        raise UserError("kernels.convnet = true rewrites stride-2 convs over <= 4 channels and (on a GPU with "
+                        f"triton) nn.MaxPool2d layers; this model has none to rewrite on {facts.device.type}; set "
+                        "kernels.convnet=\"auto\" or false")
 
 
 def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:

@@ -52,7 +52,7 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
         if stop is not None:
             stop.restore()
         if run is not None:
-            run.rundir.release()
+            run.close()
         shutdown()
 
 

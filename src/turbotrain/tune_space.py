@@ -61,6 +61,7 @@ class Probe:
     static_bytes: int  # parameters + gradients + optimizer state
     capacity_bytes: int  # device (or host) memory per process
     fused_loss: bool = False  # the resolver accepts kernels.fused_loss (model protocol, cross-entropy, not sharded)
+    convnet: bool = False  # a GPU and a model with a layer kernels.convnet rewrites
     fp8: bool = False  # the resolver accepts precision.fp8 with bf16 (an FP8 GPU, torchao importable)
     fp8_head: bool = False  # ... and precision.fp8_head, and the model's output layer can be converted
     attention_backends: tuple[str, ...] = ()  # explicit SDPA backends this GPU runs
@@ -170,6 +171,7 @@ def levers(cfg: Config, eff: Config, facts, model: nn.Module) -> dict[str, Any]:
     shards = tuple(s for s in range(world - 1, 1, -1) if world % s == 0) if eff.parallel.strategy in SHARDED else ()
     fp8 = gpu and _accepts(cfg, facts, {"precision.dtype": "bf16", "precision.fp8": FP8_RECIPES[0]})
     return {"fused_loss": _accepts(cfg, facts, {"kernels.fused_loss": True}),
+            "convnet": gpu and _accepts(cfg, facts, {"kernels.convnet": True}),
             "fp8": fp8,
             "fp8_head": fp8 and _accepts(cfg, facts, FP8_HEAD) and head_convertible(
                 model, fsdp_fp8_gather=fsdp_sharded(eff.parallel, world)),
@@ -246,9 +248,9 @@ def dimensions(probe: Probe) -> list[Dimension]:
             "channels_last": Dimension("channels_last", _channels_last),
             "attention": Dimension("attention backend", _attention), "parallel": Dimension("parallel", _parallel),
             "autotune": Dimension("compiler kernel tuning", _autotune), "fp8": Dimension("fp8", _fp8),
-            "fused_loss": Dimension("fused loss", _fused_loss)}
-    order = (["precision", "compile", "fp8", "channels_last", "optimizer", "attention", "fused_loss", "memory",
-              "data", "loader", "parallel", "autotune"] if probe.on_gpu else
+            "fused_loss": Dimension("fused loss", _fused_loss), "convnet": Dimension("convnet kernels", _convnet)}
+    order = (["precision", "compile", "fp8", "channels_last", "convnet", "optimizer", "attention", "fused_loss",
+              "memory", "data", "loader", "parallel", "autotune"] if probe.on_gpu else
              ["data", "loader", "optimizer", "fused_loss", "memory", "precision", "channels_last", "parallel",
               "compile"])
     return [dims[k] for k in order]
@@ -409,6 +411,14 @@ def _channels_last(ctx: Ctx) -> list[Candidate]:
         return []
     on = not ctx.value("memory.channels_last")
     return [Candidate(f"channels_last {str(on).lower()}", {"memory.channels_last": on})]
+
+
+def _convnet(ctx: Ctx) -> list[Candidate]:
+    """The stem as space-to-depth and the Triton max pool (kernels.convnet): on, or off where the input has it."""
+    if not ctx.probe.convnet:
+        return []
+    on = not ctx.value("kernels.convnet")
+    return [Candidate(f"convnet kernels {'on' if on else 'off'}", {"kernels.convnet": on})]
 
 
 def _attention(ctx: Ctx) -> list[Candidate]:

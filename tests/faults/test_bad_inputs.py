@@ -431,3 +431,16 @@ def test_cli_process_exit_2_one_error_line(tmp_path, argv, env, expect):
     line = error_line(r.stderr)
     for text in expect:
         assert text in line, report(r)
+
+
+def test_a_meta_built_model_whose_channels_do_not_fit_the_data_is_one_error_line(tmp_path, capsys):
+    # parallel.meta_init skips the first forward until the model is materialised; the FLOP count on meta tensors
+    # ran before it and died in torch's conv shape check with a traceback
+    from turbotrain.cli import main
+
+    code = main(["train", "resnet50-synthetic", "data.args.shape=[4, 32, 32]", "model.args.in_channels=3",
+                 "parallel.meta_init=true", "model.args.base_width=4", "data.args.size=16", "data.batch_size=4",
+                 "train.steps=1", f"run.out_dir={str(tmp_path)!r}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("error: ") and "4 channels" in err[-1] and "model.args.in_channels = 3" in err[-1]

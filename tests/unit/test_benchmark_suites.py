@@ -44,3 +44,15 @@ def test_bench_baseline_has_the_fused_loss_off_and_a_row_of_its_own_where_it_app
     assert 'kernels.fused_loss="auto"' in variant_overrides("all", gpt)
     mlp = load_config("mlp-seed", ["compile.enabled=false"])
     assert "fused_loss" not in default_variants(mlp, on_gpu=True)
+
+
+def test_bench_offers_the_convnet_kernels_only_for_a_model_with_a_layer_they_rewrite():
+    from turbotrain.bench import default_variants, variant_overrides
+    from turbotrain.config import load_config
+
+    resnet = load_config("resnet50-synthetic", ["model.args.base_width=4", "data.args.shape=[3, 32, 32]"])
+    assert "kernels.convnet=false" in BASELINE
+    assert "convnet" in default_variants(resnet, on_gpu=True) and "convnet" not in default_variants(resnet, False)
+    assert "convnet" not in default_variants(load_config("mlp-seed"), on_gpu=True)
+    # explicit on, with the NHWC layout the pool kernels need: "auto" would measure the baseline on a CPU
+    assert variant_overrides("convnet", resnet) == ["kernels.convnet=true", 'memory.channels_last="auto"']

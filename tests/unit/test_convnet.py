@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers import losses
-from turbotrain.accel.convnet import apply_convnet_kernels, convnet_targets
+from turbotrain.accel.convnet import convnet_targets, set_convnet_kernels
 from turbotrain.accel.convnet.max_pool import MaxPool2dNHWC
-from turbotrain.accel.convnet.stem import SpaceToDepthConv2d, is_stem, space_to_depth_conv, swap_stems
+from turbotrain.accel.convnet.stem import SpaceToDepthConv2d, is_stem, set_stems, space_to_depth_conv
 from turbotrain.config import config_from_dict, load_config
 from turbotrain.errors import UserError
 from turbotrain.models.resnet import build as build_resnet
@@ -39,7 +39,7 @@ def test_space_to_depth_with_unequal_kernel_and_padding_per_axis():
     x = torch.randn(1, 3, 23, 18, dtype=torch.float64)
     conv = nn.Conv2d(3, 4, (7, 5), stride=2, padding=(3, 1)).double()
     want = conv(x)
-    assert swap_stems(conv) == 1 and type(conv) is SpaceToDepthConv2d
+    assert set_stems(conv, True) == 1 and type(conv) is SpaceToDepthConv2d
     torch.testing.assert_close(conv(x), want, rtol=1e-12, atol=1e-12)
 
 
@@ -63,12 +63,15 @@ def test_swaps_keep_the_state_dict_and_the_outputs():
     ref = build_resnet(depth=50, num_classes=10, base_width=4).double()
     model = build_resnet(depth=50, num_classes=10, base_width=4).double()
     model.load_state_dict(ref.state_dict())
-    assert convnet_targets(model) == 2  # the stem conv and its max pool
-    apply_convnet_kernels(model, CPU)
+    assert convnet_targets(model, CPU) == 1  # the stem conv; its max pool's kernels are GPU kernels
+    set_convnet_kernels(model, True, CPU)
     assert type(model.stem[0]) is SpaceToDepthConv2d
     assert model.state_dict().keys() == ref.state_dict().keys()
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     torch.testing.assert_close(model(x), ref(x), rtol=1e-10, atol=1e-10)
+    assert convnet_targets(model, CPU) == 1  # a rewritten layer still counts: a second run finds it
+    set_convnet_kernels(model, False, CPU)  # off: torch's own layers back
+    assert type(model.stem[0]) is nn.Conv2d and type(model.stem[3]) is nn.MaxPool2d
 
 
 def test_max_pool_off_the_fast_path_is_torchs_own():
@@ -108,7 +111,7 @@ def test_resolver_turns_auto_on_only_on_a_gpu_for_a_model_with_targets():
     assert _resolved("auto", torch.device("cuda"), targets=0) is False
     assert _resolved(True) is True  # explicit: runs on a CPU too (the stem rewrite is exact there)
     assert _resolved(False, torch.device("cuda")) is False
-    with pytest.raises(UserError, match=r"kernels.convnet = true .* has neither; set kernels.convnet"):
+    with pytest.raises(UserError, match=r"kernels.convnet = true .* none to rewrite on cpu; set kernels.convnet"):
         _resolved(True, targets=0)
 
 
@@ -176,7 +179,7 @@ def test_gpu_compiled_resnet_with_the_rewrites_matches_eager_torch():
     ref = build_resnet(depth=50, num_classes=10, base_width=16).cuda().to(memory_format=torch.channels_last)
     model = build_resnet(depth=50, num_classes=10, base_width=16).cuda().to(memory_format=torch.channels_last)
     model.load_state_dict(ref.state_dict())
-    apply_convnet_kernels(model, torch.device("cuda"))
+    set_convnet_kernels(model, True, torch.device("cuda"))
     assert type(model.stem[3]) is MaxPool2dNHWC
     compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(8, 3, 64, 64, device="cuda").contiguous(memory_format=torch.channels_last)
@@ -187,3 +190,27 @@ def test_gpu_compiled_resnet_with_the_rewrites_matches_eager_torch():
     got.square().sum().backward()
     for (name, a), b in zip(ref.named_parameters(), model.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.gpu
+def test_gpu_max_pool_refuses_what_torch_refuses():
+    x = torch.randn(2, 4, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+    for args in [dict(kernel_size=2, padding=2), dict(kernel_size=11, stride=1), dict(kernel_size=3, padding=-1)]:
+        with pytest.raises(RuntimeError):
+            nn.MaxPool2d(**args)(x)
+        with pytest.raises(RuntimeError):  # the kernels leave such calls to nn.MaxPool2d and its checks
+            MaxPool2dNHWC(**args)(x)
+
+
+@pytest.mark.gpu
+def test_gpu_max_pool_gives_a_window_of_only_minus_inf_to_its_first_element_as_torch_on_cpu():
+    x = torch.randn(2, 8, 10, 10)
+    x[..., :5, :5] = float("-inf")
+    a = x.clone().requires_grad_()
+    b = x.cuda().contiguous(memory_format=torch.channels_last).requires_grad_()
+    want, got = F.max_pool2d(a, 3, 2, 1), MaxPool2dNHWC(3, 2, 1)(b)
+    assert torch.equal(got.cpu(), want)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g.cuda())
+    assert torch.equal(b.grad.cpu(), a.grad)

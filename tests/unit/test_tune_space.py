@@ -230,3 +230,20 @@ def test_compiler_kernel_tuning_keeps_the_best_compile_and_is_budgeted_as_severa
     ctx.best = {}  # compile off so far (the fixture's input): tuning brings compile on, in its default mode
     cdt, _ = tuning.build(ctx)
     assert cdt.changes["compile.enabled"] is True and cdt.changes["compile.mode"] == "default"
+
+
+TINY_RESNET = ModelConfig("resnet", {"depth": 50, "base_width": 4, "num_classes": 10})
+
+
+def test_the_convnet_kernels_are_a_gpu_candidate_for_a_model_with_a_stem_and_never_on_a_cpu(gpu):
+    # the input's "auto" is on on a GPU: tune tries it off; from a naive config (off) it tries it on
+    p, _, cands = _space("resnet50-synthetic", TINY_RESNET, gpu((9, 0)), has_conv=True)
+    assert p.convnet and [c.changes for c in cands["convnet kernels"]] == [{"kernels.convnet": False}]
+    _, _, cands = _space("resnet50-synthetic", TINY_RESNET, gpu((9, 0)), ["kernels.convnet=false"], has_conv=True)
+    assert [c.changes for c in cands["convnet kernels"]] == [{"kernels.convnet": True}]
+    names = [d.name for d in dimensions(p)]
+    assert names.index("channels_last") < names.index("convnet kernels") < names.index("compiler kernel tuning")
+    p, _, cands = _space("resnet50-synthetic", TINY_RESNET, CPU, ["kernels.convnet=false"], has_conv=True)
+    assert not p.convnet and "kernels.convnet" not in _keys(cands)
+    p, _, cands = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), ["kernels.convnet=false"])
+    assert not p.convnet and "kernels.convnet" not in _keys(cands)

@@ -11,20 +11,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from turbotrain.accel.convnet.max_pool import swap_max_pools
-from turbotrain.accel.convnet.stem import is_stem, swap_stems
+from turbotrain.accel.convnet import max_pool
+from turbotrain.accel.convnet.stem import is_stem, set_stems
 from turbotrain.log import say
 
 
-def convnet_targets(model: nn.Module) -> int:
-    """How many layers `apply_convnet_kernels` would rewrite (stem-like convs and max pools)."""
-    return sum(1 for m in model.modules() if is_stem(m) or type(m) is nn.MaxPool2d)
+def convnet_targets(model: nn.Module, device: torch.device) -> int:
+    """How many layers `set_convnet_kernels` would rewrite on `device`: stem-like convs, and max pools on a GPU
+    with triton installed."""
+    pools = device.type == "cuda" and max_pool.available()
+    return sum(1 for m in model.modules() if is_stem(m) or (pools and max_pool.is_pool(m)))
 
 
-def apply_convnet_kernels(model: nn.Module, device: torch.device) -> None:
-    """Rewrite `model`'s stem-like convs and (on a GPU) max pools in place, before compile traces them."""
-    stems = swap_stems(model)
-    pools = swap_max_pools(model) if device.type == "cuda" else 0
+def set_convnet_kernels(model: nn.Module, on: bool, device: torch.device) -> None:
+    """`model`'s stem-like convs and max pools rewritten (on; pools only on a GPU) or back to torch's own layers
+    (off: the model as the user built it), in place; before compile traces them."""
+    if not on:
+        set_stems(model, False)
+        max_pool.set_max_pools(model, False)
+        return
+    stems, pools = set_stems(model, True), max_pool.set_max_pools(model, device.type == "cuda")
     left = sum(1 for m in model.modules() if type(m) is nn.MaxPool2d)
     why = "on a CPU" if device.type != "cuda" else "triton is not installed"
     say(f"kernels.convnet: {stems} stem conv(s) as space-to-depth, {pools} max pool(s) by Triton kernels"

@@ -7,9 +7,10 @@ visits every input element through the four windows that may hold it, with index
 vectorise along the channels. Here both kernels work on NHWC blocks of [pixels × channels], so every load is a
 contiguous run of channels, and the window's argmax is kept as an int8 offset (1 byte per output, not 8).
 
-Semantics follow PyTorch's CUDA kernel exactly: within a window the first maximum in row-major order wins,
-a NaN wins over any number (and a later NaN over an earlier one), a window of -inf keeps its first valid
-position; the backward sums, in fp32, the gradient of every window whose argmax is the element.
+Semantics follow PyTorch's kernels: within a window the first maximum in row-major order wins, a NaN wins over
+any number (and a later NaN over an earlier one); the backward sums, in fp32, the gradient of every window whose
+argmax is the element. A window holding only -inf gives its gradient to its first in-bounds element, as torch's
+CPU and NCHW CUDA kernels do (its channels_last CUDA kernel gives it to pixel (0, 0), outside the window).
 Supported: 2-D pooling, dilation 1, ceil_mode off, window ≤ 11, on a CUDA tensor in channels_last with triton
 installed; any other call runs `F.max_pool2d` itself (the CPU tests' reference path).
 """
@@ -25,10 +26,14 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def fast_path(x: torch.Tensor, kernel: tuple[int, int], dilation, ceil_mode: bool) -> bool:
-    """Whether the Triton kernels serve this call (else `F.max_pool2d` does); triton's presence is checked
-    once, by `swap_max_pools`."""
+def fast_path(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+              dilation, ceil_mode: bool) -> bool:
+    """Whether the Triton kernels serve this call; else nn.MaxPool2d's own forward runs, and with it torch's
+    argument checks (padding at most half the window, a non-empty output). Triton's presence is checked once,
+    by `set_max_pools`."""
     return (x.is_cuda and x.dim() == 4 and not ceil_mode and _pair(dilation) == (1, 1) and max(kernel) <= 11
+            and all(0 <= p <= k // 2 for p, k in zip(padding, kernel)) and min(stride) > 0
+            and all(_out_size(n, k, s, p) > 0 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding))
             and x.is_contiguous(memory_format=torch.channels_last)
             and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
@@ -38,20 +43,30 @@ class MaxPool2dNHWC(nn.MaxPool2d):
     changes no state_dict and `export` writes the plain module's weights)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = _pair(self.kernel_size)
-        if self.return_indices or not fast_path(x, k, self.dilation, self.ceil_mode):
-            return super().forward(x)
+        k, p = _pair(self.kernel_size), _pair(self.padding)
         s = _pair(self.stride if self.stride else self.kernel_size)
-        p = _pair(self.padding)
+        if self.return_indices or not fast_path(x, k, s, p, self.dilation, self.ceil_mode):
+            return super().forward(x)
         return torch.ops.turbotrain.max_pool2d_nhwc(x, list(k), list(s), list(p))[0]
 
 
-def swap_max_pools(model: nn.Module) -> int:
-    """Swap every nn.MaxPool2d of `model` for MaxPool2dNHWC in place; the number swapped (0 without triton)."""
-    pools = [m for m in model.modules() if type(m) is nn.MaxPool2d] if _kernels() is not None else []
+def is_pool(m: nn.Module) -> bool:
+    """An nn.MaxPool2d (or one already rewritten); user subclasses are left alone."""
+    return type(m) in (nn.MaxPool2d, MaxPool2dNHWC)
+
+
+def available() -> bool:
+    return _kernels() is not None
+
+
+def set_max_pools(model: nn.Module, on: bool) -> int:
+    """Every max pool of `model` (`is_pool`) as MaxPool2dNHWC (on, where triton is installed) or nn.MaxPool2d,
+    in place; the number set to MaxPool2dNHWC."""
+    on = on and available()
+    pools = [m for m in model.modules() if is_pool(m)]
     for m in pools:
-        m.__class__ = MaxPool2dNHWC
-    return len(pools)
+        m.__class__ = MaxPool2dNHWC if on else nn.MaxPool2d
+    return len(pools) if on else 0
 
 
 def _out_size(size: int, k: int, s: int, p: int) -> int:

@@ -14,6 +14,8 @@ rearranged, and autograd maps the gradient back to the 7×7 weight.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,10 +24,10 @@ MAX_CHANNELS = 4  # at 8 and more input channels cuDNN's own kernels are efficie
 
 
 def is_stem(m: nn.Module) -> bool:
-    """A conv this transform applies to: 2-D, stride 2, few input channels, zero numeric padding, no dilation
-    or groups."""
-    return (type(m) is nn.Conv2d and m.stride == (2, 2) and m.in_channels <= MAX_CHANNELS and m.groups == 1
-            and m.dilation == (1, 1) and m.padding_mode == "zeros" and not isinstance(m.padding, str)
+    """A conv this transform applies to (or already rewritten): 2-D, stride 2, few input channels, zero numeric
+    padding, no dilation or groups; user subclasses of nn.Conv2d are left alone."""
+    return (type(m) in (nn.Conv2d, SpaceToDepthConv2d) and m.stride == (2, 2) and m.in_channels <= MAX_CHANNELS
+            and m.groups == 1 and m.dilation == (1, 1) and m.padding_mode == "zeros" and not isinstance(m.padding, str)
             and m.kernel_size[0] > 2 and m.kernel_size[1] > 2)
 
 
@@ -34,14 +36,17 @@ class SpaceToDepthConv2d(nn.Conv2d):
     gradients up to summation order."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:  # unbatched, or torch's own error for wrong channels
+            return super().forward(x)
         return space_to_depth_conv(x, self.weight, self.bias, self.padding)
 
 
-def swap_stems(model: nn.Module) -> int:
-    """Swap every stem-like conv of `model` (`is_stem`) for SpaceToDepthConv2d in place; the number swapped."""
+def set_stems(model: nn.Module, on: bool) -> int:
+    """Every stem-like conv of `model` (`is_stem`) as SpaceToDepthConv2d (on) or nn.Conv2d (off), in place;
+    the number of stems."""
     stems = [m for m in model.modules() if is_stem(m)]
     for m in stems:
-        m.__class__ = SpaceToDepthConv2d
+        m.__class__ = SpaceToDepthConv2d if on else nn.Conv2d
     return len(stems)
 
 
@@ -54,10 +59,11 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     # pad so each window starts on an even row/column: top/left by the padding rounded up to even, bottom/right
     # to the length the stride-1 conv needs (negative: crop rows no window reads)
     x = F.pad(x, (cols[0], cols[1], rows[0], rows[1]))
-    x = _fold(x, nhwc)
+    channels = 8 * math.ceil(weight.shape[1] * 4 / 8)  # folded, to a multiple of 8 (the weight's: a static size)
+    x = _fold(x, nhwc, channels)
     # the weight shifted by the same odd offset (a zero first row/column) and padded to an even size
     weight = F.pad(weight, (cols[2], cols[3], rows[2], rows[3]))
-    return F.conv2d(x, _fold(weight, nhwc), bias)
+    return F.conv2d(x, _fold(weight, nhwc, channels), bias)
 
 
 def _plan(size: int, k: int, pad: int) -> tuple[int, int, int, int]:
@@ -69,12 +75,13 @@ def _plan(size: int, k: int, pad: int) -> tuple[int, int, int, int]:
     return pad + odd, length - size - pad - odd, odd, k_even - k - odd
 
 
-def _fold(t: torch.Tensor, nhwc: bool) -> torch.Tensor:
-    """[A, C, 2H, 2W] → [A, 4C + zeros, H, W]: each 2×2 patch of pixels into channels (c, row parity, column
-    parity), zero channels up to a multiple of 8, in the input's memory format (cuDNN's NHWC kernels need the
-    channels innermost). cuDNN pads 12 channels to 16 itself in a kernel of its own on every call; padding here
-    happens inside the fold's one copy (ResNet-50's stem, forward + weight gradient: 1.60 → 1.34 ms, H100)."""
+def _fold(t: torch.Tensor, nhwc: bool, channels: int) -> torch.Tensor:
+    """[A, C, 2H, 2W] → [A, channels, H, W]: each 2×2 patch of pixels into channels (c, row parity, column
+    parity), then zero channels up to `channels` (a multiple of 8), in the input's memory format (cuDNN's NHWC
+    kernels need the channels innermost). cuDNN pads 12 channels to 16 itself in a kernel of its own on every
+    call; padding here happens inside the fold's one copy (ResNet-50's stem, forward + weight gradient:
+    1.60 → 1.34 ms, H100)."""
     a, c, h, w = t.shape
     t = t.reshape(a, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(a, c * 4, h // 2, w // 2)
-    t = F.pad(t, (0, 0, 0, 0, 0, -c * 4 % 8))
+    t = F.pad(t, (0, 0, 0, 0, 0, channels - c * 4))
     return t.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
