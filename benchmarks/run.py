@@ -85,6 +85,8 @@ MONITOR = {
 # and warm-up left out); the baselines time the median of their windows after untimed warm-up steps
 FASTER_RUN = ["train.steps=60", "train.log_every=10", "data.eval_batches=0", "checkpoint.every=0",
               "checkpoint.final=false"]
+# what tune picks for ResNet-50 on one GPU (session 9) and what the peers get too: CUDA graphs, data on the device
+RESNET_FAST = ["compile.enabled=true", "compile.mode='reduce-overhead'", "data.device_resident=true"]
 # issue 16's FP8 convergence check: a narrower Llama (4 layers, D 1536, SwiGLU 6144: wide enough that torchao's
 # size filter converts its MLP up/gate projections under rowwise and every linear under tensorwise) on Shakespeare
 # in byte-level BPE subwords (4,096, trained on the train split: a real LM head, which characters are not), at
@@ -214,15 +216,22 @@ def suites(gpus: list[int], runs: str, cache_tar: str = "compile-cache.tar.gz") 
              *[Cmd(c.label, c.argv + ["--compile-mode", "reduce-overhead"]) for c in gpt_peers]],
             ),
         "faster-resnet": Suite(
-            "issue 16 on ResNet-50: turbotrain's preset, then plain PyTorch, Accelerate and Fabric with the same "
-            "compile mode, channels_last and cudnn.benchmark, in one call", "nvidia-h200",
-            [Cmd("tt_resnet", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true", out,
-                                 "run.name=resnet")),
-             Cmd("tt_resnet_coordinate_descent", tt("train", "resnet50-synthetic", *FASTER_RUN, "compile.enabled=true",
-                                                    "compile.coordinate_descent_tuning=true", out,
-                                                    "run.name=resnet_cdt")),
-             *[Cmd(c.label, c.argv + ["--compile-mode", "default"])
-               for c in resnet_peers if "eager" not in c.label]]),
+            "issue 16 on ResNet-50 (B=256, bf16, CUDA graphs, device-resident data): turbotrain with the convnet "
+            "kernels (on by default) and coordinate-descent tuning, then Accelerate and Fabric with the same compile "
+            "mode, channels_last and cudnn.benchmark, in one call (~9 min on an H100: the tuning compile is ~5)",
+            "nvidia-h200",
+            [Cmd("tt_resnet_convnet_cdt", tt("train", "resnet50-synthetic", *FASTER_RUN, *RESNET_FAST,
+                                             "compile.coordinate_descent_tuning=true", out, "run.name=resnet_cdt")),
+             *[Cmd(c.label, c.argv + ["--compile-mode", "reduce-overhead"])
+               for c in resnet_peers if c.label in ("accelerate_resnet", "fabric_resnet")]]),
+        "faster-resnet-levers": Suite(
+            "ResNet-50 as faster-resnet without coordinate-descent tuning: turbotrain with the convnet kernels off "
+            "and on, and plain PyTorch, in one call", "nvidia-h200",
+            [*[Cmd(f"tt_resnet_convnet_{v}", tt("train", "resnet50-synthetic", *FASTER_RUN, *RESNET_FAST,
+                                                f"kernels.convnet={v}", out, f"run.name=resnet_convnet_{v}"))
+               for v in ("false", "true")],
+             *[Cmd(c.label, c.argv + ["--compile-mode", "reduce-overhead"])
+               for c in resnet_peers if c.label == "plain_resnet"]]),
         "faster-llama": Suite(
             "issue 16 on llama-1b (one H200): turbotrain bf16 + compile, FP8 rowwise, tensorwise, tensorwise with "
             "the head in FP8; Accelerate bf16 + compile and Accelerate's FP8 (torchao) backend, in one call; needs "
