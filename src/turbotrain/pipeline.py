@@ -50,16 +50,16 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
                      seed: int = 0, *, fp8: str = "off", fp8_head: bool = False,
                      fused_loss: bool = False, convnet: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
-    1. TF32 switch (process-wide, before anything runs). 2. pipeline split (strategy="pipeline"): each rank
-       keeps its stage of blocks before the device move, so only that stage reaches the device; 6 and 7 then
-       wrap the stage's own blocks, and the schedule over the stage takes the place of DDP/FSDP2 in 8 (with
-       parallel.pp_stages < world, FSDP2 shards the stage over its data-parallel group first).
+    1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
+    2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
+       only that stage reaches the device; 6 and 7 then wrap the stage's own blocks, and the schedule over the
+       stage takes the place of DDP/FSDP2 in 8 (with parallel.pp_stages < world, FSDP2 shards the stage over
+       its data-parallel group first, so the schedule runs the sharded stage).
     3. to the device: everything after works on the device's parameters. A meta model (parallel.meta_init)
        is materialised here unless FSDP2 shards it first (then right after 8: only its shard ever exists).
-    4. FP8 linears (precision.fp8): after the move, so no FP8 weight subclass is ever moved; before compile,
-       so dynamo fuses the amax/scale/cast ops into neighbouring kernels (FP8's gain depends on it); before
-       FSDP2, so fully_shard shards the FP8-aware weights and all-gathers them in FP8 (tensorwise); before
-       activation checkpointing, so the swap sees the plain block modules.
+    4. FP8 linears (precision.fp8): after the move (no FP8 weight subclass is ever moved); before compile (dynamo
+       fuses the amax/scale/cast ops into neighbouring kernels: FP8's gain depends on it), FSDP2 (it shards the
+       FP8-aware weights, all-gathers them in FP8) and activation checkpointing (the swap sees plain blocks).
     5. channels_last (parameters in NHWC), then the convnet kernels' layer rewrites: before compile traces them.
     6. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     7. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
