@@ -12,7 +12,7 @@ any number (and a later NaN over an earlier one); the backward sums, in fp32, th
 argmax is the element. A window holding only -inf gives its gradient to its first in-bounds element, as torch's
 CPU and NCHW CUDA kernels do (its channels_last CUDA kernel gives it to pixel (0, 0), outside the window).
 Supported: 2-D pooling, dilation 1, ceil_mode off, window ≤ 11, on a CUDA tensor in channels_last with triton
-installed; any other call runs `F.max_pool2d` itself (the CPU tests' reference path).
+installed; any other call (an empty batch too) runs nn.MaxPool2d's own forward (the CPU tests' reference path).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def fast_path(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
     """Whether the Triton kernels serve this call; else nn.MaxPool2d's own forward runs, and with it torch's
     argument checks (padding at most half the window, a non-empty output). Triton's presence is checked once,
     by `set_max_pools`."""
-    return (x.is_cuda and x.dim() == 4 and not ceil_mode and _pair(dilation) == (1, 1) and max(kernel) <= 11
+    return (x.is_cuda and x.dim() == 4 and x.numel() > 0 and not ceil_mode and _pair(dilation) == (1, 1)
+            and max(kernel) <= 11
             and all(0 <= p <= k // 2 for p, k in zip(padding, kernel)) and min(stride) > 0
             and all(_out_size(n, k, s, p) > 0 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding))
             and x.is_contiguous(memory_format=torch.channels_last)
