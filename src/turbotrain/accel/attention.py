@@ -49,7 +49,7 @@ class KernelsConfig:
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical) ("auto": on a GPU, for models with
-    either; ResNet-50 on an H100: +3-4.5 % images/s)."""
+    either; measured in docs/benchmarks.md)."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -2,9 +2,7 @@
 in a compiled, channels_last, bf16 convnet step — the stem convolution over RGB (`stem.py`: space-to-depth)
 and max pooling (`max_pool.py`: Triton kernels). Both keep every module's parameters and state_dict; only
 forwards change, and both compute the same math (the pool bit for bit, the stem up to summation order).
-
-Measured on ResNet-50 (one H100, batch 256, bf16, compiled with CUDA graphs, `benchmarks/NOTES.md` session 17):
-in a plain compiled loop the stem +3.5 %, the pool +1.0 %, both +4.5 % images/s; through turbotrain both +2.9 %.
+What they buy is measured in docs/benchmarks.md (ResNet-50, the convnet kernels).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Max pooling on channels_last tensors by two Triton kernels (`kernels.convnet`): the same result and
 gradient as `F.max_pool2d`, faster where inductor's own lowering is slow.
 
-Why. In a compiled ResNet-50 step (bf16, channels_last, batch 256) the stem's 3×3/2 max pool took 1.83 ms of
-kernels (1.46 ms its backward), where the bytes it must move take ~0.25 ms at HBM speed: inductor's backward
-visits every input element through the four windows that may hold it, with index arithmetic it cannot
-vectorise along the channels. Here both kernels work on NHWC blocks of [pixels × channels], so every load is a
-contiguous run of channels, and the window's argmax is kept as an int8 offset (1 byte per output, not 8).
+Why. In a compiled ResNet-50 step the stem's 3×3/2 max pool takes several times what its bytes need at HBM
+speed: inductor's backward visits every input element through the four windows that may hold it, with index
+arithmetic it cannot vectorise along the channels. Here both kernels work on NHWC blocks of [pixels ×
+channels], so every load is a contiguous run of channels, and the window's argmax is kept as an int8 offset
+(1 byte per output, not 8).
 
 Semantics follow PyTorch's kernels: within a window the first maximum in row-major order wins, a NaN wins over
 any number (and a later NaN over an earlier one); the backward sums, in fp32, the gradient of every window whose
@@ -20,10 +20,7 @@ import functools
 
 import torch
 from torch import nn
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
+from torch.nn.modules.utils import _pair
 
 
 def fast_path(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],

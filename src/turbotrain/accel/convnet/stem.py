@@ -2,12 +2,11 @@
 computed as a stride-1 conv over a 2×2 space-to-depth of its input, with the same products and sums.
 
 Why. cuDNN runs a conv over 3 input channels (an RGB stem) poorly on tensor cores: it pads the channels to 8 in
-an extra kernel each call, and for ResNet-50's 7×7/2 stem its bf16 kernel reached ~40 TFLOP/s, 2.4 ms of a
-37 ms step forward and weight-gradient together (H200, batch 256). Rearranging every 2×2 patch of pixels
-into channels turns the 7×7/2 conv over 3 channels into a 4×4/1 conv over 12 (16 with zero channels; the
-weight zero-padded to 8×8 and rearranged the same way), which tensor cores run as a plain implicit GEMM: the
-same multiply-adds plus exact zeros, in another summation order. This is the stem transform of the MLPerf
-ResNet submissions on TPUs.
+an extra kernel each call and runs an old, slow kernel (a few percent of ResNet-50's step). Rearranging every
+2×2 patch of pixels into channels turns the 7×7/2 conv over 3 channels into a 4×4/1 conv over 12 (16 with zero
+channels; the weight zero-padded to 8×8 and rearranged the same way), which tensor cores run as a plain
+implicit GEMM: the same multiply-adds plus exact zeros, in another summation order. This is the stem transform
+of the MLPerf ResNet submissions on TPUs.
 
 The module keeps its own weight (state_dict, checkpoints and `export` unchanged): only its forward is
 rearranged, and autograd maps the gradient back to the 7×7 weight.
@@ -78,9 +77,8 @@ def _plan(size: int, k: int, pad: int) -> tuple[int, int, int, int]:
 def _fold(t: torch.Tensor, nhwc: bool, channels: int) -> torch.Tensor:
     """[A, C, 2H, 2W] → [A, channels, H, W]: each 2×2 patch of pixels into channels (c, row parity, column
     parity), then zero channels up to `channels` (a multiple of 8), in the input's memory format (cuDNN's NHWC
-    kernels need the channels innermost). cuDNN pads 12 channels to 16 itself in a kernel of its own on every
-    call; padding here happens inside the fold's one copy (ResNet-50's stem, forward + weight gradient:
-    1.60 → 1.34 ms, H100)."""
+    kernels need the channels innermost). cuDNN would pad 12 channels to 16 itself, in a kernel of its own on
+    every call; here the padding happens inside the fold's one copy."""
     a, c, h, w = t.shape
     t = t.reshape(a, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(a, c * 4, h // 2, w // 2)
     t = F.pad(t, (0, 0, 0, 0, 0, channels - c * 4))
