@@ -6,6 +6,7 @@ from torch import nn
 
 from tests.helpers import losses
 from turbotrain.accel.convnet import convnet_targets, set_convnet_kernels
+from turbotrain.accel.convnet.bn_relu_pool import BatchNormReLUMaxPool2d
 from turbotrain.accel.convnet.max_pool import MaxPool2dNHWC
 from turbotrain.accel.convnet.stem import SpaceToDepthConv2d, is_stem, set_stems, space_to_depth_conv
 from turbotrain.config import config_from_dict, load_config
@@ -134,8 +135,8 @@ def test_a_resnet_trains_the_same_loss_curve_with_the_rewrites(tmp_path, capsys)
     for on in ("false", "true"):
         train(load_config("resnet50-synthetic", [*common, f"kernels.convnet={on}", f"run.name=c{on}"]))
         curves.append(losses(tmp_path, f"c{on}"))
-    assert "kernels.convnet: 1 stem conv(s) as space-to-depth, 0 max pool(s) by Triton kernels (1 left to torch: " \
-           "on a CPU)" in capsys.readouterr().out
+    assert "kernels.convnet: 1 stem conv(s) as space-to-depth, 0 max pool(s) by Triton kernels, 0 batch norm + " \
+           "ReLU + max pool run(s) fused (1 left to torch: on a CPU)" in capsys.readouterr().out
     assert len(curves[0]) == 4
     torch.testing.assert_close(curves[1], curves[0], rtol=1e-5, atol=1e-6)
 
@@ -180,7 +181,7 @@ def test_gpu_compiled_resnet_with_the_rewrites_matches_eager_torch():
     model = build_resnet(depth=50, num_classes=10, base_width=16).cuda().to(memory_format=torch.channels_last)
     model.load_state_dict(ref.state_dict())
     set_convnet_kernels(model, True, torch.device("cuda"))
-    assert type(model.stem[3]) is MaxPool2dNHWC
+    assert type(model.stem[1]) is BatchNormReLUMaxPool2d  # the stem's pool fused with its batch norm and ReLU
     compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(8, 3, 64, 64, device="cuda").contiguous(memory_format=torch.channels_last)
     torch.backends.cudnn.allow_tf32 = False  # the conftest fixture restores it
@@ -190,6 +191,8 @@ def test_gpu_compiled_resnet_with_the_rewrites_matches_eager_torch():
     got.square().sum().backward()
     for (name, a), b in zip(ref.named_parameters(), model.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4, msg=name)
+    for (name, a), b in zip(ref.named_buffers(), model.buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.gpu

@@ -41,11 +41,15 @@ class MaxPool2dNHWC(nn.MaxPool2d):
     changes no state_dict and `export` writes the plain module's weights)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k, p = _pair(self.kernel_size), _pair(self.padding)
-        s = _pair(self.stride if self.stride else self.kernel_size)
+        k, s, p = geometry(self)
         if self.return_indices or not fast_path(x, k, s, p, self.dilation, self.ceil_mode):
             return super().forward(x)
         return torch.ops.turbotrain.max_pool2d_nhwc(x, list(k), list(s), list(p))[0]
+
+
+def geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(kernel, stride, padding) of `pool` as pairs (a stride of None or 0 is the kernel's, as torch reads it)."""
+    return (_pair(pool.kernel_size), _pair(pool.stride if pool.stride else pool.kernel_size), _pair(pool.padding))
 
 
 def is_pool(m: nn.Module) -> bool:
