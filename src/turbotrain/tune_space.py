@@ -414,7 +414,8 @@ def _channels_last(ctx: Ctx) -> list[Candidate]:
 
 
 def _convnet(ctx: Ctx) -> list[Candidate]:
-    """The stem as space-to-depth and the Triton max pool (kernels.convnet): on, or off where the input has it."""
+    """The stem as space-to-depth, the Triton max pool and the fused batch norm + ReLU + max pool
+    (kernels.convnet): on, or off where the input has it."""
     if not ctx.probe.convnet:
         return []
     on = not ctx.value("kernels.convnet")

@@ -167,7 +167,7 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_me
         mean, var = _kernels().batch_stats(x)
     else:
         mean, var = (t.to(torch.float32, copy=True) for t in (running_mean, running_var))
-    _kernels().forward(x, mean, var, weight, bias, eps, out, offsets, xmax, kernel, stride, padding)
+    _kernels().bn_relu_pool_forward(x, mean, var, weight, bias, eps, out, offsets, xmax, kernel, stride, padding)
     return out, offsets, xmax, mean, var
 
 
@@ -185,8 +185,9 @@ def _fused_backward(grad: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, 
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input gradient in channels_last, weight gradient, bias gradient)."""
     dx = torch.empty_like(x, memory_format=torch.channels_last)
-    dweight, dbias = _kernels().backward(grad.contiguous(memory_format=torch.channels_last), offsets, x, xmax,
-                                         mean, var, weight, bias, eps, batch_stats, dx, kernel, stride, padding)
+    dweight, dbias = _kernels().bn_relu_pool_backward(grad.contiguous(memory_format=torch.channels_last), offsets,
+                                                      x, xmax, mean, var, weight, bias, eps, batch_stats, dx,
+                                                      kernel, stride, padding)
     return dx, dweight.to(weight.dtype), dbias.to(bias.dtype)
 
 
@@ -217,9 +218,9 @@ _fused.register_autograd(_backward, setup_context=_setup_context)
 
 @functools.cache
 def _kernels():
-    """The module of the launchers (`batch_stats`, `forward`, `backward`), or None without triton."""
+    """The module of the kernels' launchers, or None without triton."""
     try:
-        from turbotrain.accel.convnet import bn_relu_pool_kernels
+        from turbotrain.accel.convnet import pool_kernels
     except ImportError:
         return None
-    return bn_relu_pool_kernels
+    return pool_kernels

@@ -83,7 +83,7 @@ def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: li
     oh, ow = (_out_size(h, kernel[0], stride[0], padding[0]), _out_size(w, kernel[1], stride[1], padding[1]))
     out = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     offsets = torch.empty((n, oh, ow, c), dtype=torch.int8, device=x.device)
-    _kernels().forward(x, out, offsets, kernel, stride, padding)
+    _kernels().max_pool_forward(x, out, offsets, kernel, stride, padding)
     return out, offsets
 
 
@@ -100,7 +100,8 @@ def _max_pool_backward(grad: torch.Tensor, offsets: torch.Tensor, input_hw: list
                        stride: list[int], padding: list[int]) -> torch.Tensor:
     n, c = grad.shape[:2]
     gin = torch.empty((n, c, *input_hw), dtype=grad.dtype, device=grad.device, memory_format=torch.channels_last)
-    _kernels().backward(grad.contiguous(memory_format=torch.channels_last), offsets, gin, kernel, stride, padding)
+    _kernels().max_pool_backward(grad.contiguous(memory_format=torch.channels_last), offsets, gin, kernel, stride,
+                                  padding)
     return gin
 
 
@@ -126,9 +127,9 @@ _max_pool.register_autograd(_backward, setup_context=_setup_context)
 
 @functools.cache
 def _kernels():
-    """The module of the two launchers (`forward`, `backward`), or None without triton."""
+    """The module of the kernels' launchers, or None without triton."""
     try:
-        from turbotrain.accel.convnet import max_pool_kernels
+        from turbotrain.accel.convnet import pool_kernels
     except ImportError:
         return None
-    return max_pool_kernels
+    return pool_kernels

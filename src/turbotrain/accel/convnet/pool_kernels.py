@@ -1,15 +1,23 @@
-"""The Triton kernels of `bn_relu_pool.py` (imported only where triton is installed): batch norm + ReLU + max pool
-over NHWC memory in three passes forward (statistics, their combination, normalise-and-pool) and two backward
-(the two channel sums over the pooled outputs, then the input gradient). Tiles are [pixels × channels], as in
-`max_pool_kernels.py`, whose tile helper they share.
+"""The Triton kernels of `max_pool.py` and `bn_relu_pool.py` (imported only where triton is installed): 2-D max
+pooling over NHWC memory, alone or after batch norm + ReLU, each program a block of [pixels × channels] so every
+load is a contiguous run of channels. The fused layer's forward is three passes (statistics, their combination,
+normalise-and-pool), its backward two (the two channel sums over the pooled outputs, then the input gradient).
 """
 import torch
 import triton
 import triton.language as tl
 
-from turbotrain.accel.convnet.max_pool_kernels import _tile
-
 ROWS = 2048  # pixels summed by one program of a statistics pass (its partial sums are [pixels / ROWS, C])
+
+
+@triton.jit
+def _tile(P, C, H, W, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's block: pixels (flattened n, row, column of an [N, H, W] grid) × channels, with masks."""
+    pix = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    pmask, cmask = pix < P, ch < C
+    dst = pix.to(tl.int64)[:, None] * C + ch[None, :]
+    return pix, ch, pmask, cmask, dst, pix // (W * H), (pix // W) % H, pix % W
 
 
 @triton.jit
@@ -27,6 +35,79 @@ def _channel_params(mean_ptr, var_ptr, w_ptr, b_ptr, ch, cmask, eps):
     w = tl.load(w_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
     return mean, rstd, w, b
+
+
+@triton.jit
+def pool_fwd(x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, out_ptr, off_ptr, xmax_ptr, eps, P, C, H, W, OH, OW,
+             NORM: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+             PH: tl.constexpr, PW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Each window's maximum (PyTorch's rules: the first maximum in row-major order wins, a NaN wins over any
+    number) and its int8 argmax offset; with NORM, of relu(batch_norm(x)), also storing the input value at the
+    argmax (what the backward's channel sums need, without a gather)."""
+    pix, ch, pmask, cmask, dst, n, oh, ow = _tile(P, C, OH, OW, BLOCK_P, BLOCK_C)  # output pixels
+    if NORM:
+        mean, rstd, w, b = _channel_params(mean_ptr, var_ptr, w_ptr, b_ptr, ch, cmask, eps)
+    h0 = oh * SH - PH
+    w0 = ow * SW - PW
+    # PyTorch starts from the window's first in-bounds position with -inf
+    first = (tl.maximum(h0, 0) - h0) * KW + (tl.maximum(w0, 0) - w0)
+    best = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+    xbest = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    arg = tl.broadcast_to(first[:, None], (BLOCK_P, BLOCK_C)).to(tl.int32)
+    for kh in tl.static_range(KH):
+        ih = h0 + kh
+        for kw in tl.static_range(KW):
+            iw = w0 + kw
+            ok = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            row = ((n * H + ih) * W + iw).to(tl.int64) * C
+            v = tl.load(x_ptr + row[:, None] + ch[None, :], mask=ok[:, None] & cmask[None, :],
+                        other=float("-inf")).to(tl.float32)
+            y = v
+            if NORM:
+                y = _bn_relu(v, mean, rstd, w, b, out_ptr.dtype.element_ty)
+            take = ((y > best) | (y != y)) & ok[:, None]
+            best = tl.where(take, y, best)
+            if NORM:
+                xbest = tl.where(take, v, xbest)
+            arg = tl.where(take, kh * KW + kw, arg)
+    mask2 = pmask[:, None] & cmask[None, :]
+    tl.store(out_ptr + dst, best.to(out_ptr.dtype.element_ty), mask=mask2)
+    tl.store(off_ptr + dst, arg.to(tl.int8), mask=mask2)
+    if NORM:
+        tl.store(xmax_ptr + dst, xbest.to(xmax_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def _routed(g_ptr, off_ptr, n, ih, iw, ch, pmask, cmask, C, OH, OW, KH: tl.constexpr, KW: tl.constexpr,
+            SH: tl.constexpr, SW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, TH: tl.constexpr,
+            TW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Σ, in fp32, of the gradients of the windows whose argmax is input pixel (ih, iw): the windows that may hold
+    it, in PyTorch's summation order (oh, then ow, ascending)."""
+    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    for th in tl.static_range(TH):
+        oh = (ih + PH) // SH - (TH - 1 - th)
+        dh = ih + PH - oh * SH
+        okh = (oh >= 0) & (oh < OH) & (dh < KH)
+        for tw in tl.static_range(TW):
+            ow = (iw + PW) // SW - (TW - 1 - tw)
+            dw = iw + PW - ow * SW
+            ok = pmask & okh & (ow >= 0) & (ow < OW) & (dw < KW)
+            src = ((n * OH + oh) * OW + ow).to(tl.int64)[:, None] * C + ch[None, :]
+            m = ok[:, None] & cmask[None, :]
+            off = tl.load(off_ptr + src, mask=m, other=-1).to(tl.int32)
+            acc += tl.load(g_ptr + src, mask=m & (off == (dh * KW + dw)[:, None]), other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def pool_bwd(g_ptr, off_ptr, gin_ptr, P, C, H, W, OH, OW,
+             KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+             PH: tl.constexpr, PW: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
+             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    pix, ch, pmask, cmask, dst, n, ih, iw = _tile(P, C, H, W, BLOCK_P, BLOCK_C)  # input pixels
+    acc = _routed(g_ptr, off_ptr, n, ih, iw, ch, pmask, cmask, C, OH, OW, KH, KW, SH, SW, PH, PW, TH, TW,
+                  BLOCK_P, BLOCK_C)
+    tl.store(gin_ptr + dst, acc.to(gin_ptr.dtype.element_ty), mask=pmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -83,38 +164,6 @@ def stats_combine(pmean_ptr, pm2_ptr, mean_ptr, var_ptr, P, C, G, ROWS: tl.const
 
 
 @triton.jit
-def apply_pool(x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, out_ptr, off_ptr, xmax_ptr, eps, P, C, H, W, OH, OW,
-               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-               PH: tl.constexpr, PW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """max_pool(relu(batch_norm(x))) over each window (torch's pool rules: first maximum, NaN wins), its int8
-    argmax offset, and the input value there (what the backward's channel sums need, without a gather)."""
-    pix, ch, pmask, cmask, dst, n, oh, ow = _tile(P, C, OH, OW, BLOCK_P, BLOCK_C)  # output pixels
-    mean, rstd, w, b = _channel_params(mean_ptr, var_ptr, w_ptr, b_ptr, ch, cmask, eps)
-    h0 = oh * SH - PH
-    w0 = ow * SW - PW
-    first = (tl.maximum(h0, 0) - h0) * KW + (tl.maximum(w0, 0) - w0)
-    best = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
-    xbest = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
-    arg = tl.broadcast_to(first[:, None], (BLOCK_P, BLOCK_C)).to(tl.int32)
-    for kh in tl.static_range(KH):
-        ih = h0 + kh
-        for kw in tl.static_range(KW):
-            iw = w0 + kw
-            ok = pmask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            row = ((n * H + ih) * W + iw).to(tl.int64) * C
-            v = tl.load(x_ptr + row[:, None] + ch[None, :], mask=ok[:, None] & cmask[None, :], other=0.0)
-            y = _bn_relu(v.to(tl.float32), mean, rstd, w, b, out_ptr.dtype.element_ty)
-            take = ((y > best) | (y != y)) & ok[:, None]
-            best = tl.where(take, y, best)
-            xbest = tl.where(take, v.to(tl.float32), xbest)
-            arg = tl.where(take, kh * KW + kw, arg)
-    mask2 = pmask[:, None] & cmask[None, :]
-    tl.store(out_ptr + dst, best.to(out_ptr.dtype.element_ty), mask=mask2)
-    tl.store(off_ptr + dst, arg.to(tl.int8), mask=mask2)
-    tl.store(xmax_ptr + dst, xbest.to(xmax_ptr.dtype.element_ty), mask=mask2)
-
-
-@triton.jit
 def grad_sums_partial(g_ptr, xmax_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, eps, P, C, s1_ptr, s2_ptr,
                       ROWS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """Per channel, over this program's ROWS output pixels: Σ dy and Σ dy·x̂, where dy is the gradient at the
@@ -146,22 +195,11 @@ def grad_input(g_ptr, off_ptr, x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, s1_ptr, s
                PH: tl.constexpr, PW: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     """dx of batch norm (training: with the batch statistics' own gradient terms) from dy = the pooled outputs'
-    gradient routed to their argmax (max pool's backward, `pool_bwd`'s window walk), masked by relu."""
+    gradient routed to their argmax (max pool's backward), masked by relu."""
     pix, ch, pmask, cmask, dst, n, ih, iw = _tile(P, C, H, W, BLOCK_P, BLOCK_C)  # input pixels
     mean, rstd, w, b = _channel_params(mean_ptr, var_ptr, w_ptr, b_ptr, ch, cmask, eps)
-    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
-    for th in tl.static_range(TH):
-        oh = (ih + PH) // SH - (TH - 1 - th)
-        dh = ih + PH - oh * SH
-        okh = (oh >= 0) & (oh < OH) & (dh < KH)
-        for tw in tl.static_range(TW):
-            ow = (iw + PW) // SW - (TW - 1 - tw)
-            dw = iw + PW - ow * SW
-            ok = pmask & okh & (ow >= 0) & (ow < OW) & (dw < KW)
-            src = ((n * OH + oh) * OW + ow).to(tl.int64)[:, None] * C + ch[None, :]
-            m = ok[:, None] & cmask[None, :]
-            off = tl.load(off_ptr + src, mask=m, other=-1).to(tl.int32)
-            acc += tl.load(g_ptr + src, mask=m & (off == (dh * KW + dw)[:, None]), other=0.0).to(tl.float32)
+    acc = _routed(g_ptr, off_ptr, n, ih, iw, ch, pmask, cmask, C, OH, OW, KH, KW, SH, SW, PH, PW, TH, TW,
+                  BLOCK_P, BLOCK_C)
     mask2 = pmask[:, None] & cmask[None, :]
     x = tl.load(x_ptr + dst, mask=mask2, other=0.0).to(tl.float32)
     y = _bn_relu(x, mean, rstd, w, b, dx_ptr.dtype.element_ty)
@@ -177,9 +215,10 @@ def grad_input(g_ptr, off_ptr, x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, s1_ptr, s
     tl.store(dx_ptr + dst, dx.to(dx_ptr.dtype.element_ty), mask=mask2)
 
 
-# Launch shape per kernel: (elements of a [pixels × channels] block, most channels in a block, warps), the
-# fastest of a sweep at ResNet-50's stem on an H100 (docs/benchmarks.md, session 18 call A2).
-TILES = {"stats": (1024, 64, 4), "apply": (1024, 64, 4), "sums": (2048, 64, 4), "grad": (4096, 64, 4)}
+# Launch shape per kernel: (elements of a [pixels × channels] block, most channels in a block, warps); the fused
+# layer's are the fastest of a sweep at ResNet-50's stem on an H100 (docs/benchmarks.md, session 18 call A2).
+TILES = {"pool_fwd": (4096, 128, 4), "pool_bwd": (4096, 128, 4),
+         "stats": (1024, 64, 4), "apply": (1024, 64, 4), "sums": (2048, 64, 4), "grad": (4096, 64, 4)}
 
 
 def _launch(kernel, tile: str, pixels: int, c: int, *args, rows: int = 0, **constexprs) -> None:
@@ -213,20 +252,40 @@ def batch_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, var
 
 
-def forward(x, mean, var, weight, bias, eps, out, offsets, xmax, kernel, stride, padding) -> None:
+def _windows(kernel, stride) -> list[int]:
+    """The most windows holding one element, per axis."""
+    return [-(-k // s) for k, s in zip(kernel, stride)]
+
+
+def max_pool_forward(x, out, offsets, kernel, stride, padding) -> None:
     n, c, h, w = x.shape
     oh, ow = out.shape[2:]
-    _launch(apply_pool, "apply", n * oh * ow, c, x, mean, var, weight, bias, out, offsets, xmax, eps, n * oh * ow,
-            c, h, w, oh, ow, *kernel, *stride, *padding)
+    _launch(pool_fwd, "pool_fwd", n * oh * ow, c, x, x, x, x, x, out, offsets, x, 0.0, n * oh * ow, c, h, w, oh,
+            ow, False, *kernel, *stride, *padding)
 
 
-def backward(grad, offsets, x, xmax, mean, var, weight, bias, eps, training, dx, kernel, stride, padding):
+def max_pool_backward(grad, offsets, gin, kernel, stride, padding) -> None:
+    n, c, h, w = gin.shape
+    oh, ow = grad.shape[2:]
+    _launch(pool_bwd, "pool_bwd", n * h * w, c, grad, offsets, gin, n * h * w, c, h, w, oh, ow, *kernel, *stride,
+            *padding, *_windows(kernel, stride))
+
+
+def bn_relu_pool_forward(x, mean, var, weight, bias, eps, out, offsets, xmax, kernel, stride, padding) -> None:
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    _launch(pool_fwd, "apply", n * oh * ow, c, x, mean, var, weight, bias, out, offsets, xmax, eps, n * oh * ow,
+            c, h, w, oh, ow, True, *kernel, *stride, *padding)
+
+
+def bn_relu_pool_backward(grad, offsets, x, xmax, mean, var, weight, bias, eps, training, dx, kernel, stride,
+                          padding):
     """dx into `dx`; returns (Σ dy·x̂, Σ dy) per channel: the weight's and the bias's gradients in fp32."""
     n, c, h, w = x.shape
     oh, ow = grad.shape[2:]
     s1, s2 = (t.sum(0) for t in _channel_sums(grad_sums_partial, "sums", n * oh * ow, c, grad, xmax, mean, var,
                                                 weight, bias, eps))
-    windows = [-(-k // s) for k, s in zip(kernel, stride)]
     _launch(grad_input, "grad", n * h * w, c, grad, offsets, x, mean, var, weight, bias, s1, s2, dx, eps,
-            float(n * h * w), n * h * w, c, h, w, oh, ow, training, *kernel, *stride, *padding, *windows)
+            float(n * h * w), n * h * w, c, h, w, oh, ow, training, *kernel, *stride, *padding,
+            *_windows(kernel, stride))
     return s2, s1
