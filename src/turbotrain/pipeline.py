@@ -14,7 +14,11 @@ import torch
 from torch import nn
 
 from turbotrain.accel import precision
-from turbotrain.accel.activation_ckpt import MemoryConfig, apply_activation_checkpointing
+from turbotrain.accel.activation_ckpt import (
+    MemoryConfig,
+    apply_activation_checkpointing,
+    remove_activation_checkpointing,
+)
 from turbotrain.accel.compile import CompileConfig, apply_compile
 from turbotrain.accel.convnet import set_convnet_kernels
 from turbotrain.accel.fp8 import apply_fp8
@@ -104,6 +108,13 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     if comp.scope == "model":
         compiled = apply_compile(step_module, comp)
     return model, step_module, compiled
+
+
+def give_back(model: nn.Module, device: torch.device) -> None:
+    """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet
+    rewrites them in place) and no activation-checkpoint wrappers."""
+    set_convnet_kernels(model, False, device)
+    remove_activation_checkpointing(model)
 
 
 def _pipeline_schedule(stage: nn.Module, ties: list, loss_fn: LossFn | None, device: torch.device, world: int,

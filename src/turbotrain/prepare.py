@@ -6,6 +6,7 @@ Usage: `run = prepare(cfg)`; the trainer's loop and `profile` take it from there
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,7 +21,6 @@ from torch.utils.data import Dataset
 from turbotrain import contract
 from turbotrain.accel.attention import measure_attention
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
-from turbotrain.accel.convnet import set_convnet_kernels
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, config_from_dict, to_toml
 from turbotrain.data.datasets import map_dict_items
@@ -35,7 +35,7 @@ from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estim
 from turbotrain.models.structure import WithLoss, find_blocks, model_class_name
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
-from turbotrain.pipeline import Trainee, build_trainee
+from turbotrain.pipeline import Trainee, build_trainee, give_back
 from turbotrain.resolve import facts_of, resolve
 from turbotrain.rundir import RunDir, check_shared_run_dir, write_run_file
 from turbotrain.workload import data_meta, resolve_device, seed_all
@@ -59,10 +59,9 @@ class Run:
     compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
 
     def close(self) -> None:
-        """The run dir's lock released and the user's model given back with torch's own layers (kernels.convnet
-        rewrites them in place for the run)."""
+        """The run dir's lock released and the user's model given back as they built it (`give_back`)."""
         self.rundir.release()
-        set_convnet_kernels(self.trainee.model, False, self.trainee.device)
+        give_back(self.trainee.model, self.trainee.device)
 
     def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
         """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
@@ -133,26 +132,43 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                         sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: every rank writes its part
                         flat_optim=cfg.parallel.strategy == "pipeline")
     compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
-    trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
-    cfg = _measured_attention(cfg, trainee, sample)
-    start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
-    if env.is_main and not probe:
-        if start_step == 0 and (moved := rundir.set_aside()):
-            say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
-        write_run_file(rundir.path / "config.toml", to_toml(cfg))
-        if start_step:
-            rundir.trim_metrics(start_step)
-    sampler.start_step, sampler.seed = start_step, cfg.run.seed
-    batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
-                      cfg.memory.channels_last, who=names.data, first=sample)
-    info = {**_info(cfg, trainee, n_params, cost, start_step, model),
-            "compile_cache": compile_cache.info() if compile_cache else None, "setup_host_growth_mb": setup_growth}
+    with _undone_on_failure(rundir, model, device):
+        trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
+        cfg = _measured_attention(cfg, trainee, sample)
+        start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
+        if env.is_main and not probe:
+            if start_step == 0 and (moved := rundir.set_aside()):
+                say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
+            write_run_file(rundir.path / "config.toml", to_toml(cfg))
+            if start_step:
+                rundir.trim_metrics(start_step)
+        sampler.start_step, sampler.seed = start_step, cfg.run.seed
+        batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
+                          cfg.memory.channels_last, who=names.data, first=sample)
+        info = {**_info(cfg, trainee, n_params, cost, start_step, model), "setup_host_growth_mb": setup_growth,
+                "compile_cache": compile_cache.info() if compile_cache else None}
+        _say_model(cfg, info, n_params, trainee, cost, dp_world)
+    return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
+               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(rundir: RunDir, model: nn.Module, device: torch.device):
+    """A prepare that fails once the techniques are applied gives the user's model back as they built it and
+    releases the run directory."""
+    try:
+        yield
+    except BaseException:
+        rundir.release()
+        give_back(model, device)
+        raise
+
+
+def _say_model(cfg: Config, info: dict, n_params: int, trainee: Trainee, cost: StepCost, dp_world: int) -> None:
     stages = f" ({cfg.parallel.pp_stages} pipeline stages)" if cfg.parallel.strategy == "pipeline" else ""
     say(f"model: {n_params / 1e6:.2f}M params on {info['device_name']} | precision {trainee.dtype} | parallel "
         f"{cfg.parallel.strategy} | global batch {cost.global_batch} = micro {cfg.data.batch_size} x accum "
         f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")
-    return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes)
 
 
 def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names) -> None:

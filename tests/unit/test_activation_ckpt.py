@@ -42,3 +42,40 @@ def test_selective_recomputes_less_than_full():
 def test_model_without_blocks_is_refused():
     with pytest.raises(UserError, match="activation_checkpointing"):
         apply_activation_checkpointing(torch.nn.Linear(2, 2), "full")
+
+
+def _layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(inplace=True), torch.nn.Conv2d(8, 4, 3),
+                               torch.nn.ReLU(), torch.nn.Flatten())
+
+
+def test_a_block_that_writes_its_input_in_place_is_left_unwrapped():
+    # ReLU(inplace=True) as a block of its own overwrites the input its recompute would read
+    ref, model = _layers(), _layers()
+    assert apply_activation_checkpointing(model, "full") == 4
+    assert "forward" not in vars(model[1])
+    x = torch.randn(2, 3, 8, 8)
+    ref(x).square().sum().backward()
+    model(x).square().sum().backward()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_the_wrappers_follow_the_blocks_class_and_come_off():
+    from turbotrain.accel.activation_ckpt import remove_activation_checkpointing
+
+    class Doubled(torch.nn.Conv2d):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = _layers()
+    apply_activation_checkpointing(model, "full")
+    x = torch.randn(2, 3, 8, 8)
+    plain = model(x)
+    model[0].__class__ = Doubled  # a rewrite after the wrapping (kernels.convnet swaps classes): it runs
+    assert not torch.equal(model(x), plain)
+    model[0].__class__ = torch.nn.Conv2d
+    remove_activation_checkpointing(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert torch.equal(model(x), plain)

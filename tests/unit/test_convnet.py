@@ -6,7 +6,7 @@ from torch import nn
 
 from tests.helpers import losses
 from turbotrain.accel.convnet import convnet_targets, set_convnet_kernels
-from turbotrain.accel.convnet.bn_relu_pool import BatchNormReLUMaxPool2d
+from turbotrain.accel.convnet.bn_relu_pool import FusedSequential
 from turbotrain.accel.convnet.max_pool import MaxPool2dNHWC
 from turbotrain.accel.convnet.stem import SpaceToDepthConv2d, is_stem, set_stems, space_to_depth_conv
 from turbotrain.config import config_from_dict, load_config
@@ -181,7 +181,7 @@ def test_gpu_compiled_resnet_with_the_rewrites_matches_eager_torch():
     model = build_resnet(depth=50, num_classes=10, base_width=16).cuda().to(memory_format=torch.channels_last)
     model.load_state_dict(ref.state_dict())
     set_convnet_kernels(model, True, torch.device("cuda"))
-    assert type(model.stem[1]) is BatchNormReLUMaxPool2d  # the stem's pool fused with its batch norm and ReLU
+    assert type(model.stem) is FusedSequential  # the stem's batch norm, ReLU and pool run fused
     compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(8, 3, 64, 64, device="cuda").contiguous(memory_format=torch.channels_last)
     torch.backends.cudnn.allow_tf32 = False  # the conftest fixture restores it

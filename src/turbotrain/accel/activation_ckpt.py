@@ -47,7 +47,10 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed(forward, mode: str, *args, **kwargs):
+def _checkpointed(block: nn.Module, mode: str, *args, **kwargs):
+    # the class's forward looked up at each call: a rewrite that swaps the block's class later (kernels.convnet)
+    # or gives torch's back is what runs
+    forward = functools.partial(type(block).forward, block)
     if mode == "selective":
         ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx, **kwargs)
@@ -65,6 +68,17 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
             "memory.activation_checkpointing needs a model with repeated blocks (a `blocks` ModuleList); "
             "set memory.activation_checkpointing=\"none\""
         )
-    for block in blocks:
-        block.forward = functools.partial(_checkpointed, block.forward, mode)
-    return len(blocks)
+    # a block that writes its input in place (ReLU(inplace=True) as a block of its own) cannot be recomputed
+    # from that input: it overwrote it
+    wrapped = [block for block in blocks if not getattr(block, "inplace", False)]
+    for block in wrapped:
+        block.forward = functools.partial(_checkpointed, block, mode)
+    return len(wrapped)
+
+
+def remove_activation_checkpointing(model: nn.Module) -> None:
+    """`model` as it was before apply_activation_checkpointing (a user's model given back after a run)."""
+    for m in model.modules():
+        wrapper = m.__dict__.get("forward")
+        if isinstance(wrapper, functools.partial) and wrapper.func is _checkpointed:
+            del m.forward

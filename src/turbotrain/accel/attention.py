@@ -48,9 +48,9 @@ class KernelsConfig:
     ("auto": on where all of that holds, else off)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
-    pools on channels_last GPU tensors by Triton kernels (bit-identical), and a BatchNorm2d → ReLU → MaxPool2d
-    run (in an nn.Sequential, or torchvision's ResNet stem) fused into one layer by Triton kernels on a GPU
-    ("auto": on a GPU, for models with any of them; measured in docs/benchmarks.md)."""
+    pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d
+    as consecutive children of an nn.Sequential fused into one layer by Triton kernels on a GPU ("auto": on a
+    GPU, for models with any of them; measured in docs/benchmarks.md)."""
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -19,15 +19,14 @@ def convnet_targets(model: nn.Module, device: torch.device) -> int:
     """How many layers `set_convnet_kernels` would rewrite on `device`: stem-like convs, and max pools (alone or
     fused with the batch norm and ReLU before them) on a GPU with triton installed."""
     pools = device.type == "cuda" and max_pool.available()
-    return sum(1 for m in model.modules() if is_stem(m) or (pools and (
-        max_pool.is_pool(m) or type(m) is bn_relu_pool.FusedMaxPool2d)))
+    return sum(1 for m in model.modules() if is_stem(m) or (pools and max_pool.is_pool(m)))
 
 
 def set_convnet_kernels(model: nn.Module, on: bool, device: torch.device) -> None:
     """`model`'s stem-like convs and max pools rewritten (on; pools only on a GPU) or back to torch's own layers
     (off: the model as the user built it), in place; before compile traces them."""
     gpu = on and device.type == "cuda"
-    fused = bn_relu_pool.set_fused(model, gpu)  # first: fusing takes a max pool out of the pools' reach
+    fused = bn_relu_pool.set_fused(model, gpu)
     if not on:
         set_stems(model, False)
         max_pool.set_max_pools(model, False)

@@ -48,8 +48,10 @@ class MaxPool2dNHWC(nn.MaxPool2d):
 
 
 def geometry(pool: nn.MaxPool2d) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """(kernel, stride, padding) of `pool` as pairs (a stride of None or 0 is the kernel's, as torch reads it)."""
-    return (_pair(pool.kernel_size), _pair(pool.stride if pool.stride else pool.kernel_size), _pair(pool.padding))
+    """(kernel, stride, padding) of `pool` as pairs (no stride, None or empty, is the kernel's, as torch reads
+    it; a stride of 0 stays 0, which torch refuses)."""
+    stride = pool.stride if pool.stride is not None and pool.stride != () and pool.stride != [] else pool.kernel_size
+    return _pair(pool.kernel_size), _pair(stride), _pair(pool.padding)
 
 
 def is_pool(m: nn.Module) -> bool:
@@ -58,7 +60,7 @@ def is_pool(m: nn.Module) -> bool:
 
 
 def available() -> bool:
-    return _kernels() is not None
+    return kernels() is not None
 
 
 def set_max_pools(model: nn.Module, on: bool) -> int:
@@ -83,7 +85,7 @@ def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: li
     oh, ow = (_out_size(h, kernel[0], stride[0], padding[0]), _out_size(w, kernel[1], stride[1], padding[1]))
     out = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     offsets = torch.empty((n, oh, ow, c), dtype=torch.int8, device=x.device)
-    _kernels().max_pool_forward(x, out, offsets, kernel, stride, padding)
+    kernels().max_pool_forward(x, out, offsets, kernel, stride, padding)
     return out, offsets
 
 
@@ -100,7 +102,7 @@ def _max_pool_backward(grad: torch.Tensor, offsets: torch.Tensor, input_hw: list
                        stride: list[int], padding: list[int]) -> torch.Tensor:
     n, c = grad.shape[:2]
     gin = torch.empty((n, c, *input_hw), dtype=grad.dtype, device=grad.device, memory_format=torch.channels_last)
-    _kernels().max_pool_backward(grad.contiguous(memory_format=torch.channels_last), offsets, gin, kernel, stride,
+    kernels().max_pool_backward(grad.contiguous(memory_format=torch.channels_last), offsets, gin, kernel, stride,
                                   padding)
     return gin
 
@@ -126,7 +128,7 @@ _max_pool.register_autograd(_backward, setup_context=_setup_context)
 
 
 @functools.cache
-def _kernels():
+def kernels():
     """The module of the kernels' launchers, or None without triton."""
     try:
         from turbotrain.accel.convnet import pool_kernels

@@ -190,12 +190,12 @@ def grad_sums_partial(g_ptr, xmax_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, eps, P, 
 
 @triton.jit
 def grad_input(g_ptr, off_ptr, x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, s1_ptr, s2_ptr, dx_ptr, eps, count,
-               P, C, H, W, OH, OW, TRAINING: tl.constexpr,
+               P, C, H, W, OH, OW, BATCH_STATS: tl.constexpr,
                KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                PH: tl.constexpr, PW: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dx of batch norm (training: with the batch statistics' own gradient terms) from dy = the pooled outputs'
-    gradient routed to their argmax (max pool's backward), masked by relu."""
+    """dx of batch norm (with BATCH_STATS, the batch statistics' own gradient terms) from dy = the pooled
+    outputs' gradient routed to their argmax (max pool's backward), masked by relu."""
     pix, ch, pmask, cmask, dst, n, ih, iw = _tile(P, C, H, W, BLOCK_P, BLOCK_C)  # input pixels
     mean, rstd, w, b = _channel_params(mean_ptr, var_ptr, w_ptr, b_ptr, ch, cmask, eps)
     acc = _routed(g_ptr, off_ptr, n, ih, iw, ch, pmask, cmask, C, OH, OW, KH, KW, SH, SW, PH, PW, TH, TW,
@@ -205,7 +205,7 @@ def grad_input(g_ptr, off_ptr, x_ptr, mean_ptr, var_ptr, w_ptr, b_ptr, s1_ptr, s
     y = _bn_relu(x, mean, rstd, w, b, dx_ptr.dtype.element_ty)
     dy = tl.where(y <= 0, 0.0, acc)
     scale = (w * rstd)[None, :]
-    if TRAINING:
+    if BATCH_STATS:
         s1 = tl.load(s1_ptr + ch, mask=cmask, other=0.0)
         s2 = tl.load(s2_ptr + ch, mask=cmask, other=0.0)
         xhat = (x - mean[None, :]) * rstd[None, :]
@@ -278,7 +278,7 @@ def bn_relu_pool_forward(x, mean, var, weight, bias, eps, out, offsets, xmax, ke
             c, h, w, oh, ow, True, *kernel, *stride, *padding)
 
 
-def bn_relu_pool_backward(grad, offsets, x, xmax, mean, var, weight, bias, eps, training, dx, kernel, stride,
+def bn_relu_pool_backward(grad, offsets, x, xmax, mean, var, weight, bias, eps, from_batch, dx, kernel, stride,
                           padding):
     """dx into `dx`; returns (Σ dy·x̂, Σ dy) per channel: the weight's and the bias's gradients in fp32."""
     n, c, h, w = x.shape
@@ -286,6 +286,6 @@ def bn_relu_pool_backward(grad, offsets, x, xmax, mean, var, weight, bias, eps, 
     s1, s2 = (t.sum(0) for t in _channel_sums(grad_sums_partial, "sums", n * oh * ow, c, grad, xmax, mean, var,
                                                 weight, bias, eps))
     _launch(grad_input, "grad", n * h * w, c, grad, offsets, x, mean, var, weight, bias, s1, s2, dx, eps,
-            float(n * h * w), n * h * w, c, h, w, oh, ow, training, *kernel, *stride, *padding,
+            float(n * h * w), n * h * w, c, h, w, oh, ow, from_batch, *kernel, *stride, *padding,
             *_windows(kernel, stride))
     return s2, s1
