@@ -79,3 +79,19 @@ def test_the_wrappers_follow_the_blocks_class_and_come_off():
     remove_activation_checkpointing(model)
     assert not any("forward" in vars(m) for m in model.modules())
     assert torch.equal(model(x), plain)
+
+
+def test_a_forward_of_the_blocks_own_is_kept_inside_the_wrapper_and_given_back():
+    from turbotrain.accel.activation_ckpt import remove_activation_checkpointing
+
+    model = _layers()
+    x = torch.randn(2, 3, 8, 8)
+    plain = model(x)
+    own = model[2].forward = lambda t: 3 * torch.nn.Conv2d.forward(model[2], t)  # as a library's hook sets it
+    hooked = model(x)
+    assert not torch.equal(hooked, plain)
+    apply_activation_checkpointing(model, "full")
+    apply_activation_checkpointing(model, "full")  # a second run's wrapping: still one checkpoint, same forward
+    assert torch.equal(model(x), hooked)
+    remove_activation_checkpointing(model)
+    assert vars(model[2])["forward"] is own and "forward" not in vars(model[0])

@@ -47,10 +47,10 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed(block: nn.Module, mode: str, *args, **kwargs):
-    # the class's forward looked up at each call: a rewrite that swaps the block's class later (kernels.convnet)
-    # or gives torch's back is what runs
-    forward = functools.partial(type(block).forward, block)
+def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
+    # a forward the block's instance had of its own (a library's hook), else its class's looked up at each call:
+    # a rewrite that swaps the block's class later (kernels.convnet) or gives torch's back is what runs
+    forward = own_forward or functools.partial(type(block).forward, block)
     if mode == "selective":
         ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx, **kwargs)
@@ -71,8 +71,9 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
     # a block that writes its input in place (ReLU(inplace=True) as a block of its own) cannot be recomputed
     # from that input: it overwrote it
     wrapped = [block for block in blocks if not getattr(block, "inplace", False)]
+    remove_activation_checkpointing(model)  # wrapped once, however many runs the model goes through
     for block in wrapped:
-        block.forward = functools.partial(_checkpointed, block, mode)
+        block.forward = functools.partial(_checkpointed, block, block.__dict__.get("forward"), mode)
     return len(wrapped)
 
 
@@ -81,4 +82,7 @@ def remove_activation_checkpointing(model: nn.Module) -> None:
     for m in model.modules():
         wrapper = m.__dict__.get("forward")
         if isinstance(wrapper, functools.partial) and wrapper.func is _checkpointed:
-            del m.forward
+            if wrapper.args[1] is None:
+                del m.forward
+            else:
+                m.forward = wrapper.args[1]

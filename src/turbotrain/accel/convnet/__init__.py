@@ -23,8 +23,9 @@ def convnet_targets(model: nn.Module, device: torch.device) -> int:
 
 
 def set_convnet_kernels(model: nn.Module, on: bool, device: torch.device) -> None:
-    """`model`'s stem-like convs and max pools rewritten (on; pools only on a GPU) or back to torch's own layers
-    (off: the model as the user built it), in place; before compile traces them."""
+    """`model`'s stem-like convs, max pools and batch norm + ReLU + max pool runs rewritten (on; the last two only
+    on a GPU) or back to torch's own layers (off: the model as the user built it), in place; before compile
+    traces them."""
     gpu = on and device.type == "cuda"
     fused = bn_relu_pool.set_fused(model, gpu)
     if not on:
