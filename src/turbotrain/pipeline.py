@@ -110,11 +110,13 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     return model, step_module, compiled
 
 
-def give_back(model: nn.Module, device: torch.device) -> None:
+def give_back(model: nn.Module, device: torch.device, channels_last: bool) -> None:
     """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet
-    rewrites them in place) and no activation-checkpoint wrappers."""
+    rewrites them in place), no activation-checkpoint wrappers, parameters contiguous again after channels_last."""
     set_convnet_kernels(model, False, device)
     remove_activation_checkpointing(model)
+    if channels_last is True:
+        model.to(memory_format=torch.contiguous_format)
 
 
 def _pipeline_schedule(stage: nn.Module, ties: list, loss_fn: LossFn | None, device: torch.device, world: int,

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from turbotrain import contract
+from turbotrain.accel.activation_ckpt import checkpointed_blocks
 from turbotrain.accel.attention import measure_attention
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
 from turbotrain.checkpoint import Checkpointer, param_shapes
@@ -32,7 +33,7 @@ from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
-from turbotrain.models.structure import WithLoss, find_blocks, model_class_name
+from turbotrain.models.structure import WithLoss, model_class_name
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
 from turbotrain.pipeline import Trainee, build_trainee, give_back
@@ -59,9 +60,12 @@ class Run:
     compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
 
     def close(self) -> None:
-        """The run dir's lock released and the user's model given back as they built it (`give_back`)."""
+        """The run dir's lock released and the user's model given back as they built it (`give_back`; blocks
+        compiled alone uncompiled)."""
         self.rundir.release()
-        give_back(self.trainee.model, self.trainee.device)
+        give_back(self.trainee.model, self.trainee.device, self.cfg.memory.channels_last)
+        for m in self.trainee.compiled:
+            m._compiled_call_impl = None
 
     def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
         """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
@@ -127,12 +131,12 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
-    check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
-    ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
-                        sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: every rank writes its part
-                        flat_optim=cfg.parallel.strategy == "pipeline")
-    compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
-    with _undone_on_failure(rundir, model, device):
+    with _undone_on_failure(rundir, model, device, cfg.memory.channels_last):
+        check_shared_run_dir(rundir.path, env.rank, env.world_size)  # multi-node: one run directory for all ranks
+        ckpt = Checkpointer(cfg.checkpoint, rundir.path, env.rank, env.world_size,
+                            sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: each rank its part
+                            flat_optim=cfg.parallel.strategy == "pipeline")
+        compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
         trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
         cfg = _measured_attention(cfg, trainee, sample)
         start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
@@ -153,14 +157,14 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
 
 
 @contextlib.contextmanager
-def _undone_on_failure(rundir: RunDir, model: nn.Module, device: torch.device):
-    """A prepare that fails once the techniques are applied gives the user's model back as they built it and
-    releases the run directory."""
+def _undone_on_failure(rundir: RunDir, model: nn.Module, device: torch.device, channels_last: bool):
+    """A prepare that fails once the run directory is locked releases it and gives the user's model back as
+    they built it."""
     try:
         yield
     except BaseException:
         rundir.release()
-        give_back(model, device)
+        give_back(model, device, channels_last)
         raise
 
 
@@ -241,7 +245,11 @@ def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Con
         sample = tuple(t.to("meta") for t in sample)
     x = sample[0]
     tokens = x.shape[1] if x.dim() == 2 and not x.is_floating_point() else None
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]  # the counting forward trains BatchNorm
     fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
     return StepCost(global_batch=cfg.data.batch_size * cfg.train.grad_accum * world, tokens_per_sample=tokens,
                     flops_per_sample=fps, flops_source=source, peak_flops=peak_flops(device, cfg.precision.dtype))
 
@@ -315,14 +323,13 @@ def _loader_settings(cfg: Config) -> dict | None:
 
 def _info(cfg: Config, tr: Trainee, n_params: int, cost: StepCost, start_step: int, model: nn.Module) -> dict:
     device, c = tr.device, cfg.compile
-    blocks = find_blocks(model) if cfg.memory.activation_checkpointing != "none" else None
     return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 dtype=tr.dtype, params=n_params, global_batch=cost.global_batch, micro_batch=cfg.data.batch_size,
                 grad_accum=cfg.train.grad_accum,
                 world_size=cost.global_batch // (cfg.data.batch_size * cfg.train.grad_accum),
                 strategy=cfg.parallel.strategy, channels_last=cfg.memory.channels_last,
                 activation_checkpointing=cfg.memory.activation_checkpointing,
-                checkpointed_blocks=len(blocks) if blocks is not None else 0,
+                checkpointed_blocks=checkpointed_blocks(tr.model),
                 compile=c.enabled and {"mode": c.mode, "scope": c.scope},
                 data_path="device-resident" if cfg.data.device_resident else f"DataLoader {_loader_settings(cfg)}",
                 torch=torch.__version__, resumed_from=start_step, run_dir=str(Path(cfg.run.out_dir) / cfg.run.name),

@@ -50,11 +50,10 @@ def _layers():
                                torch.nn.ReLU(), torch.nn.Flatten())
 
 
-def test_a_block_that_writes_its_input_in_place_is_left_unwrapped():
-    # ReLU(inplace=True) as a block of its own overwrites the input its recompute would read
+def test_a_block_that_writes_its_input_in_place_runs_on_a_copy():
+    # ReLU(inplace=True) as a block of its own would overwrite the input its recompute reads
     ref, model = _layers(), _layers()
-    assert apply_activation_checkpointing(model, "full") == 4
-    assert "forward" not in vars(model[1])
+    assert apply_activation_checkpointing(model, "full") == 5
     x = torch.randn(2, 3, 8, 8)
     ref(x).square().sum().backward()
     model(x).square().sum().backward()

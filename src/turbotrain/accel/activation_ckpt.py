@@ -50,7 +50,13 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
     # a forward the block's instance had of its own (a library's hook), else its class's looked up at each call:
     # a rewrite that swaps the block's class later (kernels.convnet) or gives torch's back is what runs
-    forward = own_forward or functools.partial(type(block).forward, block)
+    block_forward = own_forward or functools.partial(type(block).forward, block)
+    forward = block_forward
+    if any(getattr(m, "inplace", False) is True for m in block.modules()):
+        def forward(*a, **k):  # on copies of the inputs: an in-place layer may write the block's input, which
+            # the recompute reads again
+            return block_forward(*(t.clone() if isinstance(t, torch.Tensor) else t for t in a), **k)
+
     if mode == "selective":
         ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx, **kwargs)
@@ -68,9 +74,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
             "memory.activation_checkpointing needs a model with repeated blocks (a `blocks` ModuleList); "
             "set memory.activation_checkpointing=\"none\""
         )
-    # a block that writes its input in place (ReLU(inplace=True) as a block of its own) cannot be recomputed
-    # from that input: it overwrote it
-    wrapped = [block for block in blocks if not getattr(block, "inplace", False)]
+    wrapped = list({id(block): block for block in blocks}.values())  # a block listed twice is wrapped once
     remove_activation_checkpointing(model)  # wrapped once, however many runs the model goes through
     for block in wrapped:
         block.forward = functools.partial(_checkpointed, block, block.__dict__.get("forward"), mode)
@@ -80,9 +84,14 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
 def remove_activation_checkpointing(model: nn.Module) -> None:
     """`model` as it was before apply_activation_checkpointing (a user's model given back after a run)."""
     for m in model.modules():
-        wrapper = m.__dict__.get("forward")
-        if isinstance(wrapper, functools.partial) and wrapper.func is _checkpointed:
+        while isinstance(wrapper := m.__dict__.get("forward"), functools.partial) and wrapper.func is _checkpointed:
             if wrapper.args[1] is None:
                 del m.forward
             else:
                 m.forward = wrapper.args[1]
+
+
+def checkpointed_blocks(model: nn.Module) -> int:
+    """How many of `model`'s modules run under a checkpoint wrapper."""
+    return sum(1 for m in model.modules() if isinstance(m.__dict__.get("forward"), functools.partial)
+               and m.__dict__["forward"].func is _checkpointed)

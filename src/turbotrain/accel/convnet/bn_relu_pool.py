@@ -34,12 +34,12 @@ class FusedSequential(nn.Sequential):
     """nn.Sequential whose forward runs each fusible BatchNorm2d → ReLU → MaxPool2d run of its children as one
     fused layer."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Sequential's argument name  # noqa: A002
         if torch.jit.is_scripting():
             for m in self:
-                x = m(x)
-            return x
-        return self._forward_fused(x)
+                input = m(input)
+            return input
+        return self._forward_fused(input)
 
     @torch.jit.unused
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,12 +74,12 @@ def set_fused(model: nn.Module, on: bool) -> int:
 
 
 def _fusible(bn: nn.Module, relu: nn.Module, pool: nn.Module) -> bool:
-    """Whether the fused layer computes pool(relu(bn(x))) for these modules: torch's classes, no hooks (global
-    ones included), a pool the kernels cover."""
+    """Whether the fused layer computes pool(relu(bn(x))) for these modules: torch's classes with their own
+    forwards (none set on an instance), no hooks (global ones included), a pool the kernels cover."""
     if not (type(bn) is nn.BatchNorm2d and type(relu) is nn.ReLU and max_pool.is_pool(pool)):
         return False
     hooked = any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                 for m in (bn, relu, pool))
+                 or "forward" in vars(m) for m in (bn, relu, pool))
     hooked = hooked or any(getattr(nn.modules.module, name) for name in _GLOBAL_HOOKS)
     k, s, _ = max_pool.geometry(pool)
     return (not hooked and _pair(pool.dilation) == (1, 1) and not pool.ceil_mode and not pool.return_indices
