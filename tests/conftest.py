@@ -2,9 +2,11 @@ import os
 import sys
 from pathlib import Path
 
-# CPU matmul threads fixed for the whole run and its subprocesses: MKL's and OpenMP's dynamic adjustment may use
-# fewer threads when the machine is busy, another summation order in runs that must match bit for bit (suspected
-# cause of a resume test that failed twice under load, session 17 and 18)
+# CPU matmuls reproducible across the processes of one test (a run, its kill, its resume): MKL may pick its code
+# path by the data's memory alignment (MKL_CBWR) and its thread count by the machine's load (MKL_DYNAMIC,
+# OMP_DYNAMIC), either a different summation order in runs that must match bit for bit. Suspected causes of the
+# resume tests' rare failures (a few ulps at some steps), not proven.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 os.environ.setdefault("OMP_DYNAMIC", "FALSE")
 

@@ -16,31 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import turbotrain.pipeline as pipeline
 import turbotrain.prepare as prepare_mod
 import turbotrain.trainer as trainer_mod
+from tests.faults.fused_common import fused_cfg as _cfg
+from tests.faults.fused_common import train as _train
 from turbotrain.accel.activation_ckpt import (
     _checkpointed,
     apply_activation_checkpointing,
     remove_activation_checkpointing,
 )
-from turbotrain.accel.convnet import bn_relu_pool, max_pool, set_convnet_kernels
+from turbotrain.accel.convnet import bn_relu_pool, max_pool
 from turbotrain.accel.convnet.bn_relu_pool import FusedSequential, set_fused
-from turbotrain.config import load_config
-
-
-@pytest.fixture
-def kernels(monkeypatch):
-    monkeypatch.setattr(bn_relu_pool, "available", lambda: True)
-
-
-@pytest.fixture
-def gpu_rewrites(monkeypatch, kernels):
-    def on_gpu(model, on, device):
-        set_convnet_kernels(model, on, torch.device("cuda"))
-
-    monkeypatch.setattr(pipeline, "set_convnet_kernels", on_gpu)
-
 
 # ------------------------------------------------------------------ CPU stand-ins of the Triton launchers
 
@@ -151,16 +137,8 @@ class _SharedBlocks(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def _cfg(tmp_path, *more):
-    return load_config("resnet50-synthetic", [
-        "data.batch_size=4", "data.args.shape=[3, 32, 32]", "data.args.num_classes=10", "data.args.size=16",
-        "data.eval_batches=0", "train.steps=2", "precision.dtype=fp32", "checkpoint.every=0",
-        "checkpoint.final=false", f"run.out_dir='{tmp_path}'", "run.name=x", "kernels.convnet=true", *more])
 
 
-def _train(*args, **kwargs):
-    from turbotrain.trainer import train
-    return train(*args, **kwargs)
 
 
 def _wrap_depth(m):

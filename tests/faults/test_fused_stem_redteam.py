@@ -13,27 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-import turbotrain.pipeline as pipeline
+from tests.faults.fused_common import fused_cfg as _cfg
+from tests.faults.fused_common import train as _train
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.convnet import bn_relu_pool, set_convnet_kernels
 from turbotrain.accel.convnet.bn_relu_pool import FusedSequential, set_fused
 from turbotrain.callbacks import Callback
-from turbotrain.config import load_config
 from turbotrain.models.resnet import build as build_resnet
-
-
-@pytest.fixture
-def kernels(monkeypatch):
-    monkeypatch.setattr(bn_relu_pool, "available", lambda: True)
-
-
-@pytest.fixture
-def gpu_rewrites(monkeypatch, kernels):
-    """The trainer's convnet rewrite as on a GPU (fusing the run), everything else on the CPU."""
-    def on_gpu(model, on, device):
-        set_convnet_kernels(model, on, torch.device("cuda"))
-
-    monkeypatch.setattr(pipeline, "set_convnet_kernels", on_gpu)
 
 
 def _stem(relu_inplace=True, **pool):
@@ -63,16 +49,8 @@ def _net():
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
-def _cfg(tmp_path, *more):
-    return load_config("resnet50-synthetic", [
-        "data.batch_size=4", "data.args.shape=[3, 32, 32]", "data.args.num_classes=10", "data.args.size=16",
-        "data.eval_batches=0", "train.steps=2", "precision.dtype=fp32", "checkpoint.every=0",
-        "checkpoint.final=false", f"run.out_dir='{tmp_path}'", "run.name=x", "kernels.convnet=true", *more])
 
 
-def _train(*args, **kwargs):
-    from turbotrain.trainer import train
-    return train(*args, **kwargs)
 
 
 # ====================================================== found by the red team (each failed before its fix)
