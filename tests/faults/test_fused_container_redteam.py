@@ -19,6 +19,8 @@ from torch import nn
 import turbotrain.prepare as prepare_mod
 import turbotrain.trainer as trainer_mod
 from tests.faults.fused_common import fused_cfg as _cfg
+from tests.faults.fused_common import module_types as _types
+from tests.faults.fused_common import small_net as _net
 from tests.faults.fused_common import train as _train
 from turbotrain.accel.activation_ckpt import (
     _checkpointed,
@@ -107,16 +109,6 @@ def _same_state(a, b, exact=True):
     for (name, u), v in zip(a.state_dict().items(), b.state_dict().values()):
         ok = torch.equal(u, v) if exact else torch.allclose(u.float(), v.float(), rtol=1e-4, atol=1e-5)
         assert ok, name
-
-
-def _types(model):
-    return [type(m) for m in model.modules()]
-
-
-def _net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
 class _SharedBlocks(nn.Module):

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from tests.faults.fused_common import fused_cfg as _cfg
+from tests.faults.fused_common import module_types as _types
+from tests.faults.fused_common import small_net as _net
 from tests.faults.fused_common import train as _train
 from turbotrain.accel.activation_ckpt import apply_activation_checkpointing
 from turbotrain.accel.convnet import bn_relu_pool, set_convnet_kernels
@@ -37,16 +39,6 @@ def _pair(**pool):
 
 def _x(*shape):
     return torch.randn(*(shape or (2, 3, 9, 10)), generator=torch.Generator().manual_seed(3))
-
-
-def _types(model):
-    return [type(m) for m in model.modules()]
-
-
-def _net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
 
 
