@@ -4,8 +4,8 @@ from pathlib import Path
 
 # CPU matmuls reproducible across the processes of one test (a run, its kill, its resume): MKL may pick its code
 # path by the data's memory alignment (MKL_CBWR) and its thread count by the machine's load (MKL_DYNAMIC,
-# OMP_DYNAMIC), either a different summation order in runs that must match bit for bit. Suspected causes of the
-# resume tests' rare failures (a few ulps at some steps), not proven.
+# OMP_DYNAMIC), either a different summation order in runs that must match bit for bit (benchmarks/NOTES.md,
+# session 18: suspected, not proven).
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 os.environ.setdefault("OMP_DYNAMIC", "FALSE")

@@ -3,7 +3,8 @@
 "full": a block keeps only its input; everything inside is recomputed in backward.
 "selective": op-level policy — outputs of matmuls and attention (expensive to redo) are saved, cheap
 pointwise/normalization ops are recomputed. Less memory than none, less recompute than full.
-Results are unchanged either way (tested); only backward FLOPs and memory move.
+Results are unchanged either way (tested); only backward FLOPs and memory move. One exception: the recompute runs
+a block's BatchNorm layers in training mode again, so their running statistics are updated twice per step.
 """
 from __future__ import annotations
 

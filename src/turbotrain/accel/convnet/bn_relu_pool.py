@@ -34,7 +34,7 @@ class FusedSequential(nn.Sequential):
     """nn.Sequential whose forward runs each fusible BatchNorm2d → ReLU → MaxPool2d run of its children as one
     fused layer."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Sequential's argument name  # noqa: A002
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Sequential's argument name
         if torch.jit.is_scripting():
             for m in self:
                 input = m(input)
@@ -116,13 +116,9 @@ def _fused(bn: nn.Module, relu: nn.Module, pool: nn.Module, x: torch.Tensor) -> 
     return out
 
 
-def _out_hw(x: torch.Tensor, kernel, stride, padding) -> tuple[int, int]:
-    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding))
-
-
 def _empty_outputs(x: torch.Tensor, kernel, stride, padding):
     n, c = x.shape[:2]
-    oh, ow = _out_hw(x, kernel, stride, padding)
+    oh, ow = max_pool.out_hw(x, kernel, stride, padding)
     return (torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last),
             torch.empty((n, oh, ow, c), dtype=torch.int8, device=x.device),
             torch.empty((n, oh, ow, c), dtype=x.dtype, device=x.device))
@@ -130,8 +126,9 @@ def _empty_outputs(x: torch.Tensor, kernel, stride, padding):
 
 @torch.library.custom_op("turbotrain::bn_relu_max_pool2d", mutates_args=())
 def _fused_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor | None,
-           running_var: torch.Tensor | None, batch_stats: bool, eps: float, kernel: list[int], stride: list[int],
-           padding: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              running_var: torch.Tensor | None, batch_stats: bool, eps: float, kernel: list[int],
+              stride: list[int], padding: list[int]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pooled output in channels_last, int8 argmax offsets [N, OH, OW, C], the input at each argmax
     [N, OH, OW, C], the fp32 mean and biased variance used to normalise)."""
     out, offsets, xmax = _empty_outputs(x, kernel, stride, padding)

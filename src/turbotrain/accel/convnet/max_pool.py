@@ -31,7 +31,7 @@ def fast_path(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
     return (x.is_cuda and x.dim() == 4 and x.numel() > 0 and not ceil_mode and _pair(dilation) == (1, 1)
             and max(kernel) <= 11
             and all(0 <= p <= k // 2 for p, k in zip(padding, kernel)) and min(stride) > 0
-            and all(_out_size(n, k, s, p) > 0 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding))
+            and min(out_hw(x, kernel, stride, padding)) > 0
             and x.is_contiguous(memory_format=torch.channels_last)
             and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
@@ -73,16 +73,17 @@ def set_max_pools(model: nn.Module, on: bool) -> int:
     return len(pools) if on else 0
 
 
-def _out_size(size: int, k: int, s: int, p: int) -> int:
-    return (size + 2 * p - k) // s + 1
+def out_hw(x: torch.Tensor, kernel, stride, padding) -> tuple[int, ...]:
+    """The pooled output's height and width for `x` ([N, C, H, W])."""
+    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding))
 
 
 @torch.library.custom_op("turbotrain::max_pool2d_nhwc", mutates_args=())
 def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int]
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output in channels_last, int8 argmax offset within each window as [N, OH, OW, C])."""
-    n, c, h, w = x.shape
-    oh, ow = (_out_size(h, kernel[0], stride[0], padding[0]), _out_size(w, kernel[1], stride[1], padding[1]))
+    n, c = x.shape[:2]
+    oh, ow = out_hw(x, kernel, stride, padding)
     out = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     offsets = torch.empty((n, oh, ow, c), dtype=torch.int8, device=x.device)
     kernels().max_pool_forward(x, out, offsets, kernel, stride, padding)
@@ -91,8 +92,8 @@ def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], padding: li
 
 @_max_pool.register_fake
 def _(x, kernel, stride, padding):
-    n, c, h, w = x.shape
-    oh, ow = (_out_size(h, kernel[0], stride[0], padding[0]), _out_size(w, kernel[1], stride[1], padding[1]))
+    n, c = x.shape[:2]
+    oh, ow = out_hw(x, kernel, stride, padding)
     return (torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last),
             torch.empty((n, oh, ow, c), dtype=torch.int8, device=x.device))
 
