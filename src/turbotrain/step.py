@@ -113,10 +113,12 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
     with phase("optimizer"):
         tr.scaler.unscale_(tr.opt)  # no-op unless fp16: grads back to true scale before clipping
         grad_norm = None
-        if clip > 0 or want_norm:
-            grad_norm = (pp.clip_grad_norm if pp else partial(clip_grad_norm, tr.model.parameters()))(
+        if clip > 0 or want_norm:  # fused optimizers take the clip in their kernel (not with fp16's scaler)
+            fold = None if tr.scaler.is_enabled() else tr.opt
+            grad_norm = (pp.clip_grad_norm if pp else partial(clip_grad_norm, tr.model.parameters(), opt=fold))(
                 clip if clip > 0 else math.inf)
         tr.scaler.step(tr.opt)  # fp16: skipped when grads hold inf/NaN
+        tr.opt.__dict__.pop("grad_scale", None)  # a folded clip is this step's only
         tr.scaler.update()
         tr.opt.zero_grad(set_to_none=True)
         tr.sched.step()

@@ -73,12 +73,18 @@ def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float)
 
 
 @torch.no_grad()  # DTensor.to_local with grad mode on goes through autograd: 30x slower
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
+                   opt: torch.optim.Optimizer | None = None) -> torch.Tensor:
     """L2 norm of all gradients, and clipping to `max_norm` (inf: only the norm), as torch's
     `clip_grad_norm_(foreach=True)` but on plain tensors: FSDP2's gradients are DTensors, and each DTensor op
     pays a sharding dispatch per tensor (host time; see benchmarks/NOTES.md, session 3). The
     squared norms of the local shards are summed over the ranks by one all-reduce, queued on the device
-    (no host sync). Returns the total norm as a 0-d device tensor."""
+    (no host sync). Returns the total norm as a 0-d device tensor.
+
+    Given the optimizer that steps next, and where it is one of torch's fused kernels (`folds_clip`), the clip
+    is not a pass of its own: the coefficient goes to the kernel as `grad_scale` (it divides each gradient by it
+    as it reads it, the hook torch's GradScaler uses), saving a read and a write of every gradient. The caller
+    must step that optimizer next and must not be unscaling fp16 gradients through a GradScaler."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -98,8 +104,17 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
                 dist.all_reduce(total_sq, group=mesh.get_group(dim))
     total = total_sq.sqrt()
     if max_norm != math.inf:
-        torch._foreach_mul_(local, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if opt is not None and not sharded and folds_clip(opt):
+            opt.grad_scale = 1.0 / coef
+        else:
+            torch._foreach_mul_(local, coef)
     return total
+
+
+def folds_clip(opt: torch.optim.Optimizer) -> bool:
+    """True for torch's fused Adam/AdamW/SGD: their kernels take a `grad_scale` tensor to divide gradients by."""
+    return type(opt) in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) and bool(opt.defaults.get("fused"))
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float = 0.1) -> float:
