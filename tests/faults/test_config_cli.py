@@ -299,6 +299,26 @@ def test_compile_backend_typo_refused(capsys, no_train):
     assert "compile.backend" in line and "did you mean 'inductor'" in line and "aot_eager" in line
 
 
+@pytest.mark.parametrize("item, words", [
+    ('compile.inductor."triton.mix_order_reductoin"=false',
+     ["no inductor setting", "did you mean 'triton.mix_order_reduction'", "compile.inductor={}"]),
+    ('compile.inductor."triton.mix_order_reduction"=1', ['"triton.mix_order_reduction" = 1', "expected bool"]),
+    ('compile.inductor."coordinate_descent_search_radius"=true', ["expected int"]),
+    ("compile.inductor=3", ["compile.inductor = 3", "expected a table"]),
+])
+def test_inductor_setting_errors_name_the_setting(capsys, no_train, item, words):
+    line = cli_error(capsys, ["train", "mlp-seed", item])
+    assert all(w in line for w in words), line
+
+
+def test_inductor_settings_accept_ints_for_floats_and_drop_with_an_empty_table():
+    from turbotrain.accel.compile import CompileConfig
+
+    assert CompileConfig(inductor={"min_overlap_ratio": 1}).inductor  # a float setting given an int
+    cfg = config_mod.load_config("gpt2-124m", ["compile.inductor={}"])
+    assert cfg.compile.inductor == {}
+
+
 def test_compile_backend_registered_at_run_time_accepted():
     from torch._dynamo.backends.registry import _COMPILER_FNS
 

@@ -6,7 +6,9 @@ step eagerly, printing the reason once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+import json
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -34,6 +36,9 @@ class CompileConfig:
     """Any torch.compile backend ("aot_eager" to debug a compile problem)."""
     coordinate_descent_tuning: bool = False
     """Inductor tunes pointwise/reduction launch configs (slower compile)."""
+    inductor: dict = field(default_factory=dict)
+    """Inductor settings for this compile by their `torch._inductor.config` names, e.g.
+    {"triton.mix_order_reduction" = false}; a name this torch lacks, or a value of another type, is an error."""
     cache: bool = True
     """Keep inductor's, Triton's and torch's portable compile caches in `cache_dir`: later runs start warm."""
     cache_dir: str = ""
@@ -41,18 +46,15 @@ class CompileConfig:
     trust it like code: torch unpickles what it loads from there."""
 
     def __post_init__(self) -> None:
-        if self.cache_dir != self.cache_dir.strip():  # "  " would be a folder of spaces in the working directory
-            from turbotrain.errors import UserError
+        from turbotrain.errors import UserError
 
+        if self.cache_dir != self.cache_dir.strip():  # "  " would be a folder of spaces in the working directory
             raise UserError(f"compile.cache_dir = {self.cache_dir!r}: leading or trailing spaces; remove them "
                             "(\"\" = the default folder)")
+        _check_inductor_settings(self.inductor)
         if self.backend == "inductor":
             return
-        import difflib
-
         from torch._dynamo import list_backends  # the live registry: backends registered at run time count
-
-        from turbotrain.errors import UserError
 
         known = list_backends(exclude_tags=())
         if self.backend not in known:
@@ -73,12 +75,8 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     if not cfg.enabled:
         return []
     kwargs: dict = dict(fullgraph=cfg.fullgraph, backend=cfg.backend)
-    if cfg.backend == "inductor":  # modes are inductor's options
-        kwargs["mode"] = cfg.mode
-        if cfg.coordinate_descent_tuning:
-            import torch._inductor.config as inductor_config
-
-            inductor_config.coordinate_descent_tuning = True
+    if cfg.backend == "inductor":
+        kwargs["options"] = inductor_options(cfg)
     if cfg.scope == "model":
         targets = [module]
     else:
@@ -91,6 +89,37 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     for m in targets:
         m.compile(**kwargs)
     return targets
+
+
+def inductor_options(cfg: CompileConfig) -> dict:
+    """torch.compile's `options` for this config: the mode's own settings, then ours. Passed per compile
+    (torch takes `mode` or `options`, not both), so nothing leaks into the process's other compiles."""
+    from torch._inductor import list_mode_options
+
+    extra = {"coordinate_descent_tuning": True} if cfg.coordinate_descent_tuning else {}
+    return {**list_mode_options(cfg.mode), **extra, **cfg.inductor}
+
+
+def _check_inductor_settings(settings: dict) -> None:
+    """Each name exists in this torch's inductor config and its value has the type of the default there."""
+    if not settings:
+        return
+    from torch._inductor import config as inductor_config
+
+    from turbotrain.errors import UserError
+
+    known = inductor_config.get_config_copy()
+    for name, value in settings.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"compile.inductor: torch {torch.__version__} has no inductor setting {name!r}; {hint}"
+                            "remove it (compile.inductor={} drops a preset's settings)")
+        default = known[name]
+        kinds = (int, float) if type(default) is float else (type(default),)
+        if default is not None and (type(value) not in kinds):
+            raise UserError(f"compile.inductor.{json.dumps(name)} = {value!r}: expected {type(default).__name__} "
+                            f"(inductor's default is {default!r})")
 
 
 def is_compile_error(exc: BaseException) -> bool:
