@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from turbotrain.checkpoint import CheckpointConfig
-from turbotrain.config import DEFAULT_PRESET, load_config
+from turbotrain.config import DEFAULT_PRESET, _toml_value, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import say
@@ -52,8 +52,8 @@ Runner = Callable[[str, dict, float, str], dict]  # (name, changes, timeout_s, w
 
 def literal(key: str, value: Any) -> str:
     """`data.num_workers=4` as a KEY=VALUE override (a TOML literal)."""
-    text = (json.dumps(value) if isinstance(value, str)
-            else str(value).lower() if isinstance(value, bool) else repr(value))
+    text = (json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool)
+            else _toml_value(value) if isinstance(value, dict) else repr(value))  # a dict: a TOML inline table
     return f"{key}={text}"
 
 

@@ -100,7 +100,7 @@ def _tables(lines: list[str], prefix: str, table: dict, comments: dict[str, str]
     if scalars and prefix:
         lines.append(f"[{prefix}]")
         for k, v in scalars.items():
-            note = comments.get(f"{prefix}.{k}")
+            note = comments.get(f"{prefix}.{k}") or comments.get(prefix)  # a table's keys: its comment
             lines.append(f"{_toml_key(k)} = {_toml_value(v)}" + (f"  # {note}" if note else ""))
         lines.append("")
     for k, v in table.items():

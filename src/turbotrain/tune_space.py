@@ -32,6 +32,7 @@ AUTOTUNE_COMPILE_FACTOR = 10  # max-autotune benchmarks kernel variants per op: 
 # coordinate-descent tuning times inductor's pointwise and reduction kernels: cold compiles measured 3.1x (llama-1b),
 # 4.3x (GPT-2 124M) and 6.4x (ResNet-50) the plain compile's, one H200
 CDT_COMPILE_FACTOR = 6
+MIX_ORDER = "triton.mix_order_reduction"  # inductor's LayerNorm/RMSNorm-backward fusion (recent torch): tried off
 # keys whose change changes the rounding of the math
 NUMERICS_KEYS = ("precision.dtype", "precision.fp8", "precision.fp8_head")
 FP8_RECIPES = ("tensorwise", "rowwise")  # tensorwise first: 1.15x bf16 on llama-1b (H200), rowwise 1.01x
@@ -305,13 +306,21 @@ def _compile(ctx: Ctx) -> list[Candidate]:
 
 
 def _autotune(ctx: Ctx) -> list[Candidate]:
-    """The compiler tuning its own kernels, last (each costs several compiles): coordinate-descent tuning of
-    inductor's pointwise and reduction kernels on the best compile so far (ResNet-50 +6 %, GPT-2 +0.4 %, one
-    H200), then max-autotune's GEMM templates (without CUDA graphs)."""
+    """The compiler tuning its own kernels, last, on the best compile so far: on a GPU first inductor's
+    mix-order reduction off (one plain compile; GPT-2 +0.8-1.3 % with torch 2.11), then coordinate-descent
+    tuning of inductor's pointwise and reduction kernels (ResNet-50 +6 %, GPT-2 +0.4 %, one H200), then
+    max-autotune's GEMM templates (without CUDA graphs); each of the last two costs several compiles."""
+    from turbotrain.accel.compile import has_inductor_setting
+
     on = ctx.value("compile.enabled")
     mode, scope = (ctx.value("compile.mode"), ctx.value("compile.scope")) if on else ("default", "model")
+    cands = []
+    settings = ctx.value("compile.inductor") or {}
+    if settings.get(MIX_ORDER, True) and has_inductor_setting(MIX_ORDER):  # (this dimension runs on GPUs only)
+        cands.append(Candidate("compile, inductor mix-order reduction off", {
+            **_compile_changes(mode, scope), "compile.inductor": {**settings, MIX_ORDER: False}}, compile=True))
     cdt = {**_compile_changes(mode, scope), "compile.coordinate_descent_tuning": True}
-    return _only_new(ctx, [
+    return _only_new(ctx, cands + [
         Candidate("compile + coordinate-descent tuning", cdt, compile=True, compile_factor=CDT_COMPILE_FACTOR),
         Candidate("compile max-autotune-no-cudagraphs", _compile_changes("max-autotune-no-cudagraphs", scope),
                   compile=True, compile_factor=AUTOTUNE_COMPILE_FACTOR)])

@@ -314,7 +314,8 @@ def test_inductor_setting_errors_name_the_setting(capsys, no_train, item, words)
 def test_inductor_settings_accept_ints_for_floats_and_drop_with_an_empty_table():
     from turbotrain.accel.compile import CompileConfig
 
-    assert CompileConfig(inductor={"min_overlap_ratio": 1}).inductor  # a float setting given an int
+    got = CompileConfig(inductor={"min_overlap_ratio": 1, "cpp.cxx": [None, "g++"]}).inductor  # TOML's int, list
+    assert got == {"min_overlap_ratio": 1.0, "cpp.cxx": (None, "g++")} and type(got["min_overlap_ratio"]) is float
     cfg = config_mod.load_config("gpt2-124m", ["compile.inductor={}"])
     assert cfg.compile.inductor == {}
 

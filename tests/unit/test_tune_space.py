@@ -212,6 +212,27 @@ def test_tuned_toml_says_fp8_changes_the_numerics():
     assert 'fp8 = "tensorwise"' in line and "changes the numerics" in line and "1.15x" in line
 
 
+def test_tuned_toml_writes_an_inductor_table_with_its_effect_and_a_trial_passes_it_as_a_toml_table():
+    import tomllib
+
+    from turbotrain.config import parse_value
+    from turbotrain.tune import literal
+    from turbotrain.tune_report import tuned_toml
+
+    changes = {"compile.inductor": {"triton.mix_order_reduction": False}}
+    trial = {"id": "t07", "status": "ok", "tried": changes, "gain": 1.012, "samples_per_s": 101.2,
+             "label": "compile, inductor mix-order reduction off"}
+    result = {"config": "gpt2-124m", "overrides": [], "run_name": "gpt2-124m", "device": "H200", "torch": "2.11",
+              "trials": [trial], "winner": {"label": trial["label"], "changes": changes, "speedup": 1.012,
+                                            "samples_per_s": 101.2}}
+    text = tuned_toml(result)
+    line = next(ln for ln in text.splitlines() if ln.startswith('"triton.mix_order_reduction"'))
+    assert "mix-order reduction off" in line and "t07" in line
+    assert tomllib.loads(text)["compile"]["inductor"] == {"triton.mix_order_reduction": False}
+    key, value = literal("compile.inductor", changes["compile.inductor"]).split("=", 1)
+    assert key == "compile.inductor" and parse_value(value) == changes["compile.inductor"]
+
+
 def test_compiler_kernel_tuning_keeps_the_best_compile_and_is_budgeted_as_several_compiles(gpu):
     """Coordinate-descent tuning is tried on the compile mode and scope found so far (CUDA graphs stay on), before
     max-autotune; each candidate says how many plain compiles its compile costs, and the max-autotune one keeps
@@ -221,15 +242,32 @@ def test_compiler_kernel_tuning_keeps_the_best_compile_and_is_budgeted_as_severa
     _, ctx, _ = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)))
     tuning = next(d for d in dimensions(ctx.probe) if d.name == "compiler kernel tuning")
     ctx.best = {"compile.enabled": True, "compile.mode": "reduce-overhead", "compile.scope": "blocks"}
-    cdt, mat = tuning.build(ctx)
+    mix, cdt, mat = tuning.build(ctx)
+    assert mix.changes == {"compile.enabled": True, "compile.mode": "reduce-overhead", "compile.scope": "blocks",
+                           "compile.inductor": {"triton.mix_order_reduction": False}}
+    assert (mix.compile, mix.compile_factor) == (True, 1.0)  # one plain compile
     assert cdt.changes == {"compile.enabled": True, "compile.mode": "reduce-overhead", "compile.scope": "blocks",
                            "compile.coordinate_descent_tuning": True}
     assert mat.changes["compile.mode"] == "max-autotune-no-cudagraphs" and mat.changes["compile.scope"] == "blocks"
     assert (cdt.compile, cdt.compile_factor, mat.compile_factor) == (True, CDT_COMPILE_FACTOR, AUTOTUNE_COMPILE_FACTOR)
     assert 1 < CDT_COMPILE_FACTOR < AUTOTUNE_COMPILE_FACTOR  # measured: several plain compiles, fewer than max-autotune
     ctx.best = {}  # compile off so far (the fixture's input): tuning brings compile on, in its default mode
-    cdt, _ = tuning.build(ctx)
+    _, cdt, _ = tuning.build(ctx)
     assert cdt.changes["compile.enabled"] is True and cdt.changes["compile.mode"] == "default"
+    ctx.best = {"compile.inductor": {"triton.mix_order_reduction": False, "coordinate_descent_search_radius": 2}}
+    assert [c.label for c in tuning.build(ctx)] == ["compile + coordinate-descent tuning",
+                                                    "compile max-autotune-no-cudagraphs"]  # already off: not again
+
+
+def test_mix_order_reduction_is_a_gpu_candidate_only_and_keeps_the_users_other_inductor_settings(gpu):
+    _, ctx, _ = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)))
+    tuning = next(d for d in dimensions(ctx.probe) if d.name == "compiler kernel tuning")
+    ctx.best = {"compile.inductor": {"coordinate_descent_search_radius": 2}}
+    mix = tuning.build(ctx)[0]
+    assert mix.changes["compile.inductor"] == {"coordinate_descent_search_radius": 2,
+                                               "triton.mix_order_reduction": False}
+    _, _, on_cpu = _space("gpt-shakespeare", TINY_GPT, torch.device("cpu"))
+    assert not any("mix-order" in c.label for cands in on_cpu.values() for c in cands)
 
 
 TINY_RESNET = ModelConfig("resnet", {"depth": 50, "base_width": 4, "num_classes": 10})

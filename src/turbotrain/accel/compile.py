@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -100,8 +101,16 @@ def inductor_options(cfg: CompileConfig) -> dict:
     return {**list_mode_options(cfg.mode), **extra, **cfg.inductor}
 
 
+def has_inductor_setting(name: str) -> bool:
+    """Whether this torch's inductor has a setting of that name."""
+    from torch._inductor import config as inductor_config
+
+    return name in inductor_config.get_config_copy()
+
+
 def _check_inductor_settings(settings: dict) -> None:
-    """Each name exists in this torch's inductor config and its value has the type of the default there."""
+    """Each name exists in this torch's inductor config and its value has that setting's type (as torch.compile
+    checks it, a bool no number; an int is taken for a float, a TOML list for a tuple)."""
     if not settings:
         return
     from torch._inductor import config as inductor_config
@@ -109,17 +118,23 @@ def _check_inductor_settings(settings: dict) -> None:
     from turbotrain.errors import UserError
 
     known = inductor_config.get_config_copy()
-    for name, value in settings.items():
+    for name, value in list(settings.items()):
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UserError(f"compile.inductor: torch {torch.__version__} has no inductor setting {name!r}; {hint}"
                             "remove it (compile.inductor={} drops a preset's settings)")
-        default = known[name]
-        kinds = (int, float) if type(default) is float else (type(default),)
-        if default is not None and (type(value) not in kinds):
-            raise UserError(f"compile.inductor.{json.dumps(name)} = {value!r}: expected {type(default).__name__} "
-                            f"(inductor's default is {default!r})")
+        get_type = getattr(inductor_config, "get_type", None)
+        want = get_type(name) if get_type else type(known[name])
+        if want is float and type(value) is int:
+            settings[name] = value = float(value)
+        if (typing.get_origin(want) or want) is tuple and isinstance(value, list):
+            settings[name] = value = tuple(value)
+        if not isinstance(want, type) or want is type(None):  # a generic or optional type: torch checks no further
+            continue
+        if not isinstance(value, want) or (type(value) is bool and want is not bool):
+            raise UserError(f"compile.inductor.{json.dumps(name)} = {value!r}: expected {want.__name__} "
+                            f"(inductor's default is {known[name]!r})")
 
 
 def is_compile_error(exc: BaseException) -> bool:
