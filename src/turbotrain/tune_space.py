@@ -306,10 +306,11 @@ def _compile(ctx: Ctx) -> list[Candidate]:
 
 
 def _autotune(ctx: Ctx) -> list[Candidate]:
-    """The compiler tuning its own kernels, last, on the best compile so far: on a GPU first inductor's
-    mix-order reduction off (one plain compile; GPT-2 +0.8-1.3 % with torch 2.11), then coordinate-descent
-    tuning of inductor's pointwise and reduction kernels (ResNet-50 +6 %, GPT-2 +0.4 %, one H200), then
-    max-autotune's GEMM templates (without CUDA graphs); each of the last two costs several compiles."""
+    """The compiler tuning its own kernels, last, on the best compile so far: first inductor's mix-order
+    reduction off (one plain compile; its fused norm backward is faster for some models, slower for others),
+    then coordinate-descent tuning of inductor's pointwise and reduction kernels (ResNet-50 +6 %, GPT-2 +0.4 %,
+    one H200), then max-autotune's GEMM templates (without CUDA graphs); each of the last two costs several
+    compiles."""
     from turbotrain.accel.compile import has_inductor_setting
 
     on = ctx.value("compile.enabled")
