@@ -316,7 +316,7 @@ def _autotune(ctx: Ctx) -> list[Candidate]:
     on = ctx.value("compile.enabled")
     mode, scope = (ctx.value("compile.mode"), ctx.value("compile.scope")) if on else ("default", "model")
     cands = []
-    settings = ctx.value("compile.inductor") or {}
+    settings = ctx.value("compile.inductor")
     if settings.get(MIX_ORDER, True) and has_inductor_setting(MIX_ORDER):  # (this dimension runs on GPUs only)
         cands.append(Candidate("compile, inductor mix-order reduction off", {
             **_compile_changes(mode, scope), "compile.inductor": {**settings, MIX_ORDER: False}}, compile=True))
