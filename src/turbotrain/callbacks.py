@@ -30,6 +30,7 @@ import numpy as np
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.monitor.run_monitor import ROW_NAMES
 from turbotrain.plugins import call_factory, call_user, factory_label, load_object
 
 
@@ -67,6 +68,9 @@ def build_callbacks(specs: list[str], given: list | tuple = ()) -> list[Callback
     if not isinstance(given, (list, tuple)):
         raise UserError(f"train(callbacks=...): got {type(given).__name__}; pass a list of callback objects")
     built = [call_factory(load_object(spec, "train.callbacks"), "train.callbacks") for spec in specs]
+    for cb in given:
+        if isinstance(cb, type):  # its hooks would be unbound functions, missing `self`
+            raise UserError(f"train(callbacks=...): {cb.__name__} is a class; pass an instance ({cb.__name__}())")
     for cb, name in zip([*built, *given], [*specs, *(type(g).__name__ for g in given)]):
         hooks = [h for h in ("on_train_start", "on_step_end", "on_log", "on_eval_end", "on_checkpoint",
                              "on_train_end") if callable(getattr(cb, h, None))]
@@ -128,10 +132,10 @@ def _extra_metric(key: Any, value: Any, row: dict) -> float | int | None:
     must be a new one on every row, not only on this one: evaluation rows add val_*, and a callback's val_loss
     on the other rows would sit in metrics.jsonl as if measured. Its value must be a real number a float can
     hold (TensorBoard's scalars are floats)."""
-    if not isinstance(key, str) or not key.strip() or key in row or key.startswith("val_"):
+    if not isinstance(key, str) or not key.strip() or key in row or key in ROW_NAMES or key.startswith("val_"):
         raise UserError(f"train.callbacks: on_log returned the metric name {key!r}; extra metrics need new names: "
-                        f"non-empty strings, not the trainer's ({', '.join(list(row)[:6])}, ...) nor val_* "
-                        f"(evaluation's)")
+                        f"non-empty strings, not the trainer's ({', '.join(sorted(ROW_NAMES)[:6])}, ...; all in "
+                        f"docs/monitoring.md) nor val_* (evaluation's)")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise UserError(f"train.callbacks: on_log returned {key!r} = {value!r:.80}; extra metrics need numeric "
                         f"values (an int or a float)")

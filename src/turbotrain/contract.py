@@ -188,6 +188,10 @@ def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
                             f"item's inputs, and its targets, need the same shape and dtype") from None
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
         raise UserError(f"{names.data}: a batch is {_describe(batch)}, not (inputs, targets) tensors")
+    for part, t in zip(("inputs", "targets"), batch):
+        if t.requires_grad:  # an autograd graph built once in the dataset: the second backward through it fails
+            raise UserError(f"{names.data}: the items' {part} require grad (they hang on an autograd graph); "
+                            f"return detached tensors (tensor.detach()) from the dataset")
     return tuple(t.to(device) for t in batch)
 
 
@@ -327,10 +331,10 @@ def _builtin_loss(loss_fn: Callable | None) -> str | None:
 
 
 def _check_targets(kind: str | None, model: nn.Module, out: torch.Tensor, y: torch.Tensor, names: Names,
-                   y_full: torch.Tensor | None = None) -> None:
+                   y_full: torch.Tensor | None = None) -> int | None:
     """The built-in losses' expectations of (output, targets), checked before the loss runs (an
     out-of-range class index is, again, a device-side assert on a GPU). `y_full`: all the targets, when
-    `y` is the prefix the forward ran on."""
+    `y` is the prefix the forward ran on. Returns the number of classes for cross-entropy, else None."""
     if kind == "cross_entropy":
         if y.is_floating_point() or y.dtype == torch.bool:
             raise UserError(f"{names.loss} needs integer class labels, {names.data} gives {_describe(y)} as "
@@ -338,18 +342,61 @@ def _check_targets(kind: str | None, model: nn.Module, out: torch.Tensor, y: tor
         if out.dim() == 0 or out.numel() // max(out.shape[-1], 1) != y.numel():
             raise UserError(f"{names.loss}: the output of {names.model} is {_describe(out)}, the targets are "
                             f"{_describe(y)}; cross_entropy needs logits (..., classes) for labels (...)")
-        classes = out.shape[-1]
-        arg = "vocab_size" if isinstance(getattr(model, "vocab_size", None), int) else "num_classes"
-        labels = y if y_full is None else y_full
-        if labels.numel():
-            lo, hi = int(labels.min()), int(labels.max())
-            if lo < 0 or hi >= classes:
-                raise UserError(f"{names.data} has label {hi if hi >= classes else lo}, {names.model} outputs "
-                                f"{classes} classes (labels 0..{classes - 1}); raise {_model_key(model, arg)} "
-                                f"to at least the data's number of classes, or fix the labels")
+        check_labels(y if y_full is None else y_full, out.shape[-1], model, names)
+        return out.shape[-1]
     elif kind == "mse" and out.numel() != y.numel():
         raise UserError(f"{names.loss}: the output of {names.model} is {_describe(out)}, the targets are "
                         f"{_describe(y)}; mse compares them element by element, so they need the same size")
+    return None
+
+
+IGNORE_INDEX = -100  # F.cross_entropy's (and the fused loss's) label for a position that does not count
+
+
+def check_labels(labels: torch.Tensor, classes: int, model: nn.Module, names: Names, at: str = "") -> None:
+    """Class labels must be 0..classes-1, or -100 for a position the loss ignores (padding, as in PyTorch and
+    Hugging Face). `at`: where the labels came from when not the first batch ("at step 12: ")."""
+    labels = labels[labels != IGNORE_INDEX]
+    if not labels.numel():
+        return
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0:
+        raise UserError(f"{at}{names.data} has label {lo}: class labels are 0..{classes - 1}, or -100 for a "
+                        f"position the loss ignores; fix the labels")
+    if hi >= classes:
+        arg = "vocab_size" if isinstance(getattr(model, "vocab_size", None), int) else "num_classes"
+        raise UserError(f"{at}{names.data} has label {hi}, {names.model} outputs {classes} classes (labels "
+                        f"0..{classes - 1}); raise {_model_key(model, arg)} to at least the data's number of "
+                        f"classes, or fix the labels")
+
+
+def check_later_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], classes: int | None,
+                      names: Names, step: int) -> None:
+    """A batch after the first whose step failed inside torch: the first batch's data checks again, on a CPU
+    copy, so that a bad item later in the data is named as such (not a traceback). `classes`: what the first
+    batch's cross-entropy check saw, None where it did not apply."""
+    at = f"at step {step}: "
+    x, y = (t.detach().cpu() for t in batch)
+    try:
+        check_declared(model, x, names)
+    except UserError as e:
+        raise UserError(f"{at}{e}") from None
+    if not x.is_floating_point() and x.numel():
+        rows = max((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), default=None)
+        hi, lo = int(x.max()), int(x.min())
+        if rows is not None and (hi >= rows or lo < 0):
+            raise UserError(f"{at}{names.data} has input id {hi if hi >= rows else lo}, past {names.model}'s "
+                            f"embeddings ({rows} rows, ids 0..{rows - 1}); fix the data or enlarge the vocabulary")
+    if classes is not None and not y.is_floating_point():
+        check_labels(y, classes, model, names, at)
+
+
+def nonfinite_part(batch: tuple[torch.Tensor, torch.Tensor]) -> str | None:
+    """"inputs" or "targets" when that part of the batch holds NaN/inf (floating parts only), else None."""
+    for part, t in zip(("inputs", "targets"), batch):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return part
+    return None
 
 
 def check_loss_value(loss: Any, who: str) -> None:
@@ -397,7 +444,8 @@ def _hint(model: nn.Module, x: torch.Tensor) -> str:
         return (f"; the inputs are {str(x.dtype)[6:]}, the model's weights {str(p.dtype)[6:]}: "
                 f"return {str(p.dtype)[6:]} inputs")
     if not x.is_floating_point() and not any(isinstance(m, nn.Embedding) for m in model.modules()):
-        return f"; the inputs are {str(x.dtype)[6:]} (integers) and the model has no embedding: return float inputs"
+        kind = "complex numbers" if x.is_complex() else "integers"
+        return f"; the inputs are {str(x.dtype)[6:]} ({kind}) and the model has no embedding: return float inputs"
     return ""
 
 
@@ -431,12 +479,13 @@ def _first_forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: 
                         f"{_hint(model, x)}") from e
 
 
-def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, loss_fn: Callable, names: Names) -> None:
+def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, loss_fn: Callable,
+                names: Names) -> int | None:
     if not isinstance(out, torch.Tensor):
         raise UserError(f"{names.model}: forward returned {_describe(out)}, not a tensor; return the output "
                         f"tensor (e.g. logits), or set train.loss = \"model\" and return the loss from "
                         f"forward(inputs, targets)")
-    _check_targets(_builtin_loss(loss_fn), model, out, y, names, y_full)
+    classes = _check_targets(_builtin_loss(loss_fn), model, out, y, names, y_full)
     try:
         loss = loss_fn(out, y)
     except (torch.OutOfMemoryError, MemoryError, UserError):
@@ -445,14 +494,16 @@ def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, lo
         raise UserError(f"{names.loss} fails on the output of {names.model} ({_describe(out)}) and the "
                         f"targets of {names.data} ({_describe(y)}): {type(e).__name__}: {_first_line(e)}") from e
     check_loss_value(loss, names.loss)
+    return classes
 
 
 def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable | None,
-                     names: Names = Names()) -> None:
+                     names: Names = Names()) -> int | None:
     """The first forward and the first loss on `sample` (from `first_batch`), as a training step runs them
     (loss_fn None: `train.loss = "model"`, forward(inputs, targets) returns the loss). Run once at build
     time, before the model is wrapped or compiled; leaves no trace (RNG state, BatchNorm statistics and
-    gradients as before). Raises one UserError naming the model, the data and the loss."""
+    gradients as before). Raises one UserError naming the model, the data and the loss. Returns the number
+    of classes the built-in cross-entropy saw (for `check_later_batch`), else None."""
     x, y = sample
     check_declared(model, x, names)
     y_full = y
@@ -468,8 +519,8 @@ def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor]
             hooks.clear()
             if loss_fn is None:
                 check_loss_value(out, f"{names.model} with train.loss = \"model\": its forward(inputs, targets)")
-            else:
-                _first_loss(model, out, y, y_full, loss_fn, names)
+                return None
+            return _first_loss(model, out, y, y_full, loss_fn, names)
     finally:
         for h in hooks:
             h.remove()

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+
+
+def cache_root() -> Path:
+    """turbotrain's cache folder (datasets, text tokens, compile artifacts): $TURBOTRAIN_CACHE, absolute (a
+    relative one is taken from the current folder, once: tools that change folder must not move it), or
+    ~/.cache/turbotrain when unset or empty."""
+    return Path(os.environ.get("TURBOTRAIN_CACHE") or "~/.cache/turbotrain").expanduser().absolute()
 
 
 def sha256(path: Path) -> str:

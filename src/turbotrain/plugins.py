@@ -4,6 +4,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import site
+import sys
+import sysconfig
 import traceback
 from typing import Any
 
@@ -23,6 +26,7 @@ def load_object(spec: str, key: str) -> Any:
         module = importlib.import_module(mod_name)
     except ImportError as e:  # includes ModuleNotFoundError
         raise UserError(f"{key} = {spec!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    _note_user_package(mod_name)
     try:
         obj = getattr(module, attr)
     except AttributeError:
@@ -74,14 +78,44 @@ def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
 
 
 _OURS = os.path.dirname(os.path.abspath(__file__))
+_USER_ROOTS: set[str] = set()  # folders of the packages a config named ("mypkg" of "mypkg.models:build")
+
+
+def _note_user_package(mod_name: str) -> None:
+    """Remember where the package of a config's `pkg.module:name` lives, installed or not: a frame there is the
+    user's even inside site-packages (a pip-installed package of their own)."""
+    top = sys.modules.get(mod_name.partition(".")[0])
+    if top is None or top.__name__ in ("turbotrain", "torch"):
+        return
+    paths = list(getattr(top, "__path__", None) or []) or [getattr(top, "__file__", None) or ""]
+    _USER_ROOTS.update(os.path.abspath(p) for p in paths if p)
+
+
+def _installed_roots() -> tuple[str, ...]:
+    """The interpreter's library folders: the standard library and every site/dist-packages folder (Debian's
+    and NVIDIA's containers install torch under dist-packages)."""
+    roots = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= set(getattr(site, "getsitepackages", lambda: [])())
+    roots.add(getattr(site, "getusersitepackages", lambda: "")())
+    roots.add(os.path.dirname(os.__file__))
+    return tuple(os.path.abspath(r) for r in roots if r)
+
+
+def _users_frame(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    if any(path.startswith(root + os.sep) or path == root for root in _USER_ROOTS):
+        return True
+    if filename.startswith("<") or path.startswith(_OURS + os.sep):
+        return False
+    parts = path.split(os.sep)
+    return "site-packages" not in parts and "dist-packages" not in parts and not path.startswith(_installed_roots())
 
 
 def where(e: BaseException) -> str:
-    """" (at file.py:LINE)": the innermost frame of the traceback in the user's own code (not turbotrain,
-    torch or another installed package), or "" when there is none."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith(_OURS) and "site-packages" not in f.filename
-              and not f.filename.startswith(os.path.dirname(os.__file__)) and not f.filename.startswith("<")]
+    """" (at file.py:LINE)": the innermost frame of the traceback in the user's own code (a package the config
+    names, or any file outside turbotrain, the standard library and installed packages), or "" when there is
+    none."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if _users_frame(f.filename)]
     return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
@@ -95,6 +129,9 @@ def call_user(fn: Any, who: str, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except (UserError, torch.OutOfMemoryError, MemoryError):
         raise
+    except SystemExit as e:  # else it would pass for the signal stop's exit: a run ending early without a word
+        raise UserError(f"{who} called sys.exit({e.code!r}){where(e)}: the run is not finished (checkpoints saved "
+                        "so far are kept); your code must return or raise, not exit the process") from None
     except Exception as e:
         text = " ".join(str(e).split())[:200] or "(no message)"
         raise UserError(f"{who} raised {type(e).__name__}: {text}{where(e)}; fix it there") from e

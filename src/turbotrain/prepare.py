@@ -34,8 +34,10 @@ from turbotrain.log import say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
 from turbotrain.models.structure import WithLoss, model_class_name
+from turbotrain.monitor.alerts import NonFiniteLoss
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
 from turbotrain.monitor.run_monitor import StepCost
+from turbotrain.monitor.watchdog import watching
 from turbotrain.pipeline import Trainee, build_trainee, give_back
 from turbotrain.resolve import facts_of, resolve
 from turbotrain.rundir import RunDir, check_shared_run_dir, write_run_file
@@ -58,6 +60,8 @@ class Run:
     info: dict  # facts of the run for the summary
     shapes: dict  # the whole model's parameter shapes: a checkpoint's identity (a pipeline stage holds a part)
     compile_cache: CompileCache | None = None  # where the first step's compile artifacts are saved
+    names: contract.Names = contract.Names()  # how messages name the user's model, data and loss
+    classes: int | None = None  # the labels' classes the first batch's cross-entropy saw
 
     def close(self) -> None:
         """The run dir's lock released and the user's model given back as they built it (`give_back`; blocks
@@ -66,6 +70,33 @@ class Run:
         give_back(self.trainee.model, self.trainee.device, self.cfg.memory.channels_last)
         for m in self.trainee.compiled:
             m._compiled_call_impl = None
+
+    @contextlib.contextmanager
+    def blame_batch(self, micro_batches: list, step: int):
+        """A step that fails inside torch on a batch that breaks the data contract (a label or token id past
+        the model's) ends as one UserError naming the data and the step, and a non-finite loss on a batch that
+        holds NaN/inf says so; any other failure goes on as it was. The checks run on a CPU copy, after the
+        failure: nothing on the good path."""
+        try:
+            yield
+        except NonFiniteLoss as e:
+            part = next((p for b in micro_batches if (p := contract.nonfinite_part(b))), None)
+            if part is None:
+                raise
+            raise UserError(f"{str(e).split(';')[0]}, and that step's batch holds NaN/inf in its {part}: "
+                            f"{self.names.data} gives non-finite values; clean the data") from None
+        except (UserError, torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as e:
+            model = getattr(self.trainee.model, "module", self.trainee.model)  # DDP's wrapper holds the model
+            for batch in micro_batches:
+                try:
+                    contract.check_later_batch(model, batch, self.classes, self.names, step)
+                except UserError as bad:
+                    raise bad from e
+                except Exception:  # noqa: BLE001 - no verdict (e.g. the device is gone): the original stands
+                    break
+            raise
 
     def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
         """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
@@ -100,6 +131,14 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
     names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
+    given = [k for k, v in (("model", model), ("train_data", train_data), ("val_data", val_data),
+                            ("loss_fn", loss_fn)) if v is not None]  # config.toml cannot rebuild these
+    if isinstance(loss_fn, type):
+        raise UserError(f"train(loss_fn=...): {loss_fn.__name__} is a class; pass an instance "
+                        f"({loss_fn.__name__}()) or a function fn(outputs, targets)")
+    if loss_fn is not None and cfg.train.loss == "model":
+        raise UserError("train(loss_fn=...) was given while train.loss = \"model\" says the model computes its own "
+                        "loss: drop one of the two")
     host = meta_init.HostPeak()
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
@@ -107,27 +146,32 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     if strategy != "none":
         device = init_distributed(env, device)
     seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
-    # the Python API's datasets get the mapping of dict items that build_dataset gives the config's
-    train_ds = map_dict_items(train_data, "train_data") if train_data is not None else build_dataset(cfg.data, "train")
-    val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
-        build_dataset(cfg.data, "val") if train_data is None else None)
-    model, data_args = _build_model(cfg, model, train_ds, strategy, env.world_size)
-    loss_in_code = loss_fn is not None and loss_fn is not cross_entropy
-    loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
-    contract.check_model(model, names)
-    fused_why = contract.fused_loss_problem(model, train_ds, names) if cfg.kernels.fused_loss is not False else None
-    cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size,
-                                loss_in_code, fused_why))
-    dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
-    sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
-                          cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
-    # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
-    sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
-    if not meta_init.is_meta(model):  # a meta model runs its forward once materialised (below)
-        contract.check_model_data(model, sample, loss_fn, names)
-    else:  # the sizes a built-in model declares, before shapes that do not fit reach the FLOP count
-        contract.check_declared(model, sample[0], names)
-    _check_val_items(val_ds, val_data is not None, sample, names)
+    # the user's data and code run here first; the loop's watchdog is not running yet, so a read that blocks
+    # forever is caught by one of its own (monitor.hang_timeout_s)
+    with watching(cfg.monitor.hang_timeout_s, f"building the model and reading the first items of {names.data}"):
+        # the Python API's datasets get the mapping of dict items that build_dataset gives the config's
+        train_ds = (map_dict_items(train_data, "train_data") if train_data is not None
+                    else build_dataset(cfg.data, "train"))
+        val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
+            build_dataset(cfg.data, "val") if train_data is None else None)
+        model, data_args = _build_model(cfg, model, train_ds, strategy, env.world_size)
+        loss_in_code = loss_fn is not None and loss_fn is not cross_entropy
+        loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
+        contract.check_model(model, names)
+        fused_why = contract.fused_loss_problem(model, train_ds, names) if cfg.kernels.fused_loss is not False else None
+        cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size,
+                                    loss_in_code, fused_why))
+        dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
+        sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
+                              cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
+        # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
+        sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
+        classes = None  # the labels' classes the first batch's cross-entropy saw: later batches are held to them
+        if not meta_init.is_meta(model):  # a meta model runs its forward once materialised (below)
+            classes = contract.check_model_data(model, sample, loss_fn, names)
+        else:  # the sizes a built-in model declares, before shapes that do not fit reach the FLOP count
+            contract.check_declared(model, sample[0], names)
+        _check_val_items(val_ds, val_data is not None, sample, names, cfg, dp_world)
     cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
     rundir = RunDir(cfg.run, env.is_main and not probe).open()
@@ -137,13 +181,16 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                             sharded=cfg.parallel.strategy in (*SHARDED, "pipeline"),  # DCP: each rank its part
                             flat_optim=cfg.parallel.strategy == "pipeline")
         compile_cache = open_compile_cache(cfg.compile, device, graph_digest(cfg))  # before anything compiles
-        trainee, setup_growth = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample, names)
+        trainee, setup_growth, classes = _build_checked(model, loss_fn, cfg, device, env.world_size, host, sample,
+                                                        names, classes)
         cfg = _measured_attention(cfg, trainee, sample)
         start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
         if env.is_main and not probe:
             if start_step == 0 and (moved := rundir.set_aside()):
                 say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
-            write_run_file(rundir.path / "config.toml", to_toml(cfg))
+            note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not "
+                    "rebuild them\n" if given else "")
+            write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
             if start_step:
                 rundir.trim_metrics(start_step)
         sampler.start_step, sampler.seed = start_step, cfg.run.seed
@@ -153,7 +200,8 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                 "compile_cache": compile_cache.info() if compile_cache else None}
         _say_model(cfg, info, n_params, trainee, cost, dp_world)
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
-               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes)
+               start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes,
+               names=names, classes=classes)
 
 
 @contextlib.contextmanager
@@ -175,24 +223,34 @@ def _say_model(cfg: Config, info: dict, n_params: int, trainee: Trainee, cost: S
         f"{cfg.train.grad_accum} x world {dp_world}{stages} | data: {info['data_path']}")
 
 
-def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names) -> None:
-    """Checked before any work: a val split unlike the train split would fail at the end of the run."""
-    if val_ds is None or not len(val_ds):
+def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names, cfg: Config,
+                     dp_world: int) -> None:
+    """Checked before any work: a val split unlike the train split would fail at the end of the run, and one
+    too small for a single evaluation batch per rank gives no val metrics (said now, not found at the end)."""
+    if val_ds is None or not cfg.data.eval_batches:
         return
     val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) if passed else names
+    if len(val_ds) < cfg.data.batch_size * dp_world:
+        say(f"warning: validation: {val_names.data} gives {len(val_ds)} val items, fewer than one batch of "
+            f"data.batch_size = {cfg.data.batch_size} per rank ({dp_world} rank(s)): this run logs no val metrics; "
+            f"give the val split more items, lower data.batch_size, or set data.eval_batches = 0")
+    if not len(val_ds):
+        return
     contract.check_same_items(sample, contract.first_batch(val_ds, torch.device("cpu"), val_names, split="val"),
                               val_names)
 
 
 def _build_checked(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int,
-                   host: meta_init.HostPeak, sample: tuple, names: contract.Names) -> tuple[Trainee, list]:
+                   host: meta_init.HostPeak, sample: tuple, names: contract.Names,
+                   classes: int | None) -> tuple[Trainee, list, int | None]:
     """The trainee, each rank's host memory growth so far (data, the model built, sharded and initialised),
-    and the contract's first forward for a meta-built model, which could not run before it was materialised."""
+    and the contract's first forward for a meta-built model, which could not run before it was materialised
+    (with the classes it saw)."""
     trainee = build_trainee(model, loss_fn, cfg, device, world)
     growth = host.growth_mb_per_rank()
     if cfg.parallel.meta_init:
-        contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
-    return trainee, growth
+        classes = contract.check_model_data(model, tuple(t.to(device) for t in sample), loss_fn, names)
+    return trainee, growth, classes
 
 
 def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
@@ -241,12 +299,14 @@ def _step_cost(model: nn.Module, sample: tuple, loss_fn: LossFn | None, cfg: Con
                world: int) -> StepCost:
     """FLOPs counted on the CPU model before any technique: activation-checkpoint recompute is not model work
     (a meta model is counted on meta inputs: shapes only)."""
-    if meta_init.is_meta(model):
+    meta = meta_init.is_meta(model)
+    if meta:
         sample = tuple(t.to("meta") for t in sample)
     x = sample[0]
     tokens = x.shape[1] if x.dim() == 2 and not x.is_floating_point() else None
     buffers = [(b, b.detach().clone()) for b in model.buffers()]  # the counting forward trains BatchNorm
-    fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
+    with meta_init.buffers_on_meta(model) if meta else contextlib.nullcontext():
+        fps, source = flops_per_sample(model, sample, WithLoss(model, loss_fn))
     with torch.no_grad():
         for b, saved in buffers:
             b.copy_(saved)

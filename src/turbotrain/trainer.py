@@ -15,14 +15,17 @@ import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
 from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
-from turbotrain.distributed.env import all_mean, shutdown
+from turbotrain.distributed.env import DistEnv, all_mean, shutdown
+from turbotrain.errors import UserError
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor.run_monitor import RunMonitor
@@ -42,7 +45,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
     t_start, stop, run = time.perf_counter(), None, None
     try:
         cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)
-        cfg.monitor.check_trackers()  # their extras installed, user factories importable: before the run dir
+        env = DistEnv.from_environ()
+        cfg.monitor.check_sinks(env.local_rank, env.is_main)  # trackers importable, port free: before the run dir
         run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing to save
         hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
         stop = StopRequest()  # from here until the final checkpoint and summary are written, a signal waits
@@ -59,7 +63,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
 def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: float) -> dict:
     monitor = RunMonitor(run.rundir.path, run.env, run.trainee.device, run.cost, steps=run.cfg.train.steps,
                          start_step=run.start_step, max_bad_steps=run.cfg.train.max_bad_steps,
-                         straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor)
+                         straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor,
+                         loss_scaling=run.trainee.scaler.is_enabled())
     try:
         hooks.call("on_train_start", run.start_step)
         done = _loop(run, monitor, hooks, metrics, stop)
@@ -69,6 +74,10 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         raise SystemExit(128 + e.signum)
     finally:
         monitor.close()
+    if (run.cfg.checkpoint.every or run.cfg.checkpoint.final) and (bad := _nonfinite_weights(run)) is not None:
+        raise UserError(f"the model's weights hold NaN/inf after step {done} ({bad}), though the loss stayed finite: "
+                        "the end checkpoint and final/ are not written (earlier checkpoints are kept); keep "
+                        "train.grad_clip on, lower train.lr, or find the op with a NaN gradient")
     if run.cfg.checkpoint.every:
         _save(run, hooks, done)
     if run.cfg.checkpoint.final:
@@ -103,16 +112,19 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
         micro = [next(run.batches) for _ in range(t.grad_accum)]  # fetch (prefetched asynchronously)
         if step == run.start_step:  # compile happens here (a compiler error falls back to eager), shapes fail here
-            with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext():
+            with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext(), \
+                    run.blame_batch(micro, done):
                 loss, grad_norm = first_train_step(tr, micro, t.grad_clip)
             if tr.compiled:  # the compile artifacts for the next run; writing them is not training time
                 monitor.exclude(save_compile_cache(run.compile_cache, run.env.is_main))
         else:
-            loss, grad_norm = train_step(tr, micro, t.grad_clip, want_norm=is_log, fwd_timer=monitor.fwd_timer)
+            with run.blame_batch(micro, done):  # a batch that breaks the data contract is named, not a traceback
+                loss, grad_norm = train_step(tr, micro, t.grad_clip, want_norm=is_log, fwd_timer=monitor.fwd_timer)
         monitor.after_step(done, loss)  # on the device: no sync
         hooks.call("on_step_end", done)  # host values only: no sync
         if is_log or is_eval:
-            row = monitor.measure(done, loss, grad_norm, tr.sched.get_last_lr()[0], run.batches.wait_s)  # sync point
+            with run.blame_batch(micro, done):  # a NaN stop on a batch holding NaN says so
+                row = monitor.measure(done, loss, grad_norm, tr.sched.get_last_lr()[0], run.batches.wait_s)  # sync
             if is_eval:
                 try:
                     row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, metrics))
@@ -157,10 +169,27 @@ def _finite(run: Run, loss, grad_norm) -> bool:
     """A checkpoint of NaN weights would poison every resume: skip the save on a non-finite step
     (decided together, so every rank saves or none does)."""
     bad = not math.isfinite(loss.item()) or (grad_norm is not None and not math.isfinite(grad_norm.item()))
-    ok = all_mean([float(bad)], run.trainee.device)[0] == 0
+    ok = all_mean([float(bad)], run.trainee.device)[0] == 0 and _nonfinite_weights(run) is None
     if not ok:
-        say("warning: non-finite loss or gradients at a checkpoint step; checkpoint skipped")
+        say("warning: non-finite loss, gradients or weights at a checkpoint step; checkpoint skipped")
     return ok
+
+
+def _nonfinite_weights(run: Run) -> str | None:
+    """Which parameter holds NaN/inf (e.g. "fc.weight"), or None when every rank's are finite. A NaN gradient
+    can reach the weights while the loss stays finite (a branch the forward does not take), so the loss and
+    the gradient norm alone do not vouch for what a checkpoint would hold. One norm per tensor, one sync."""
+    named = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in run.trainee.model.named_parameters()]
+    named = [(n, p) for n, p in named if p.numel() and p.is_floating_point()]
+    tensors = [p.detach() for _, p in named]
+    try:
+        norms = torch.stack(torch._foreach_norm(tensors)).float() if named else None
+    except (RuntimeError, NotImplementedError):  # a weight subclass (FP8's) without the multi-tensor kernel
+        norms = torch.stack([t.norm().float() for t in tensors])
+    bad_here = [] if norms is None else [n for (n, _), ok in zip(named, torch.isfinite(norms).tolist()) if not ok]
+    if all_mean([float(bool(bad_here))], run.trainee.device)[0] == 0:
+        return None
+    return f"e.g. {bad_here[0]}" if bad_here else "on another rank"
 
 
 def _agreed_stop(stop: StopRequest, run: Run, check: bool) -> bool:

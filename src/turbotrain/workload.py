@@ -2,6 +2,7 @@
 first batch, what a dataset tells the model factory, peak memory and device syncs."""
 from __future__ import annotations
 
+import numbers
 import random
 import resource
 import sys
@@ -34,7 +35,13 @@ def seed_all(seed: int) -> None:
 def data_meta(ds: Dataset) -> dict:
     """What a dataset tells the model factory (used only for args the config leaves out)."""
     keys = ("vocab_size", "block_size", "num_classes", "in_channels", "in_features")
-    return {k: getattr(ds, k) for k in keys if getattr(ds, k, None) is not None}
+    meta = {k: getattr(ds, k) for k in keys if getattr(ds, k, None) is not None}
+    for k, v in meta.items():  # a size: else the model factory fails on it, and the message would blame the model
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= 2**40:
+            raise UserError(f"the dataset's attribute {k} = {v!r:.60} (turbotrain passes it to the model factory "
+                            f"as model.args.{k} when the config leaves that out) must be a positive integer; fix "
+                            f"the dataset, or set model.args.{k}")
+    return {k: int(v) for k, v in meta.items()}
 
 
 def peak_mem_gib(device: torch.device) -> float:

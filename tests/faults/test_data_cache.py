@@ -234,13 +234,13 @@ class TestFashionCache:
     def test_prepared_with_checksums(self, fashion_system):
         ds = fashion_mnist("train")
         assert ds.inputs.shape == (6, 1, 28, 28) and ds.targets.tolist() == [0, 1, 2, 3, 4, 5]
-        sums = recorded(fetch.cache_dir() / "fashion_mnist")
+        sums = recorded(fetch.cache_root() / "fashion_mnist")
         assert set(sums) == set(fetch.FASHION_FILES)
 
     def test_corrupt_gz_is_prepared_again(self, fashion_system, capsys):
         fashion_mnist("train")
         new_process()
-        path = fetch.cache_dir() / "fashion_mnist" / "train-images-idx3-ubyte.gz"
+        path = fetch.cache_root() / "fashion_mnist" / "train-images-idx3-ubyte.gz"
         flip_bytes(path, n=4)
         capsys.readouterr()
         ds = fashion_mnist("train")
@@ -251,7 +251,7 @@ class TestFashionCache:
         fashion_mnist("train")
         new_process()
         monkeypatch.setattr(fetch, "FASHION_SYSTEM_DIR", fashion_system / "gone")
-        path = fetch.cache_dir() / "fashion_mnist" / "t10k-labels-idx1-ubyte.gz"
+        path = fetch.cache_root() / "fashion_mnist" / "t10k-labels-idx1-ubyte.gz"
         flip_bytes(path, n=2)
         with pytest.raises(UserError) as e:
             fashion_mnist("val")
@@ -259,7 +259,7 @@ class TestFashionCache:
         assert str(path) in msg and "turbotrain data fetch fashion_mnist" in msg and "TURBOTRAIN_CACHE" in msg
 
     def test_old_cache_gets_checksums(self, fashion_system):
-        cached = fetch.cache_dir() / "fashion_mnist"
+        cached = fetch.cache_root() / "fashion_mnist"
         shutil.copytree(fashion_system, cached)
         (cached / "meta.json").write_text(json.dumps({"source": str(fashion_system)}))
         assert len(fashion_mnist("val")) == 4
@@ -268,7 +268,7 @@ class TestFashionCache:
     @pytest.mark.parametrize("damage", ["truncated-gzip", "not-idx", "labels-past-10"])
     def test_old_cache_with_a_broken_file_is_one_user_error(self, fashion_system, damage):
         """No checksum to compare with (an old cache): the file's own structure is checked on reading."""
-        cached = fetch.cache_dir() / "fashion_mnist"
+        cached = fetch.cache_root() / "fashion_mnist"
         shutil.copytree(fashion_system, cached)
         (cached / "meta.json").write_text(json.dumps({"source": str(fashion_system)}))
         name = "train-labels-idx1-ubyte.gz"

@@ -277,7 +277,7 @@ def test_a_missing_extra_is_for_the_training_machine_alone(monkeypatch, extra):
     monkeypatch.setitem(sys.modules, extra, None)  # as if not installed
     cfg = load_config(BASE, [f'monitor.trackers=["jsonl", "{extra}"]'])  # a run's config.toml loads anywhere
     with pytest.raises(UserError, match=f"names '{extra}' but {extra} is not installed: pip install {extra}"):
-        cfg.monitor.check_trackers()
+        cfg.monitor.check_sinks()
 
 
 @pytest.mark.parametrize("spec, msg", [("userpkg.no_such_module:Make", "cannot import module 'userpkg.no_such_module'"),
@@ -285,8 +285,8 @@ def test_a_missing_extra_is_for_the_training_machine_alone(monkeypatch, extra):
 def test_a_tracker_factory_of_your_own_is_imported_before_the_run(spec, msg):
     cfg = load_config(BASE, [f'monitor.trackers=["{spec}"]'])
     with pytest.raises(UserError, match=msg):
-        cfg.monitor.check_trackers()
-    load_config(BASE, ['monitor.trackers=["csv", "userpkg.models:linear"]']).monitor.check_trackers()
+        cfg.monitor.check_sinks()
+    load_config(BASE, ['monitor.trackers=["csv", "userpkg.models:linear"]']).monitor.check_sinks()
 
 
 def test_an_uninstalled_extra_leaves_a_finished_run_alone(run_dir, capsys, monkeypatch):

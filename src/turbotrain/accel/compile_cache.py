@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.accel.compile import CompileConfig
+from turbotrain.files import cache_root
 from turbotrain.log import say
 
 MAGIC = b"turbotrain-compile-cache 1\n"  # then the payload's sha256 (hex) and a newline, then the payload
@@ -49,11 +50,6 @@ class CompileCache:
 
     def info(self) -> dict:
         return {"dir": str(self.folder), "artifacts_file": self.artifacts.name, "warm_artifacts": self.loaded}
-
-
-def default_root() -> Path:
-    """turbotrain's cache folder: $TURBOTRAIN_CACHE or ~/.cache/turbotrain (as for datasets)."""
-    return Path(os.environ.get("TURBOTRAIN_CACHE", "~/.cache/turbotrain")).expanduser()
 
 
 def device_key(device: torch.device) -> str:
@@ -80,7 +76,7 @@ def cache_folder(comp: CompileConfig, device: torch.device) -> Path | None:
     """<cache>/compile/<torch + device>, or None when compile.cache is off."""
     if not comp.cache:
         return None
-    return (Path(comp.cache_dir).expanduser() if comp.cache_dir else default_root() / "compile") / device_key(device)
+    return (Path(comp.cache_dir).expanduser() if comp.cache_dir else cache_root() / "compile") / device_key(device)
 
 
 def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -> CompileCache | None:

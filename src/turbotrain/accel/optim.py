@@ -63,6 +63,13 @@ def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float)
     if not isinstance(opt, torch.optim.Optimizer):
         raise UserError(f"train.optimizer = {spec!r}: the factory returned {type(opt).__name__}, not a "
                         "torch.optim.Optimizer")
+    closure = inspect.signature(opt.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS: re-evaluates the loss itself
+        raise UserError(f"train.optimizer = {spec!r}: {type(opt).__name__}.step needs a closure that recomputes "
+                        "the loss; turbotrain steps once per batch without one: use an optimizer like AdamW or SGD")
+    if isinstance(opt, torch.optim.SparseAdam):
+        raise UserError(f"train.optimizer = {spec!r}: SparseAdam takes only sparse gradients, and it must hold "
+                        "every trainable parameter, dense ones too: use adam or adamw")
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if left:  # those would silently never train

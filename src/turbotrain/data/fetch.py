@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from turbotrain.errors import UserError
-from turbotrain.files import sha256
+from turbotrain.files import cache_root, sha256
 from turbotrain.log import say
 
 
@@ -64,10 +64,6 @@ PREPARED_FILES = {"shakespeare": ("shakespeare.txt",), "fashion_mnist": FASHION_
 KNOWN_SHA256 = {
     ("shakespeare", "shakespeare.txt"): "a74b54d1ef1dc44be145d3c93068267ab7beba0c7045a7b6a844b83ed5d7054f",
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TURBOTRAIN_CACHE", "~/.cache/turbotrain")).expanduser()
 
 
 def registry_name(src: Source) -> str:
@@ -185,7 +181,7 @@ def _run(cmd: list[str], cwd: Path, src: Source) -> None:
         reason = f"`{' '.join(cmd)}` failed: {''.join(err)[:200]}"
         raise FetchError(
             f"data {src.name}: {reason}; fetch it where {registry_name(src)} is reachable with "
-            f"`turbotrain data fetch {src.name}` and copy {cache_dir()} here (or set TURBOTRAIN_CACHE)", reason)
+            f"`turbotrain data fetch {src.name}` and copy {cache_root()} here (or set TURBOTRAIN_CACHE)", reason)
 
 
 def _prepare_shakespeare(tmp: Path, src: Source) -> None:
@@ -282,7 +278,7 @@ def fetch(name: str) -> Path:
     it again when a cached file no longer matches its checksum. Usage: `fetch("shakespeare") / "shakespeare.txt"`."""
     if name not in SOURCES:
         raise UserError(f"data {name!r}: no such dataset to fetch; available: {', '.join(SOURCES)}")
-    dest = cache_dir() / name
+    dest = cache_root() / name
     src = SOURCES[name]
     if (dest / "meta.json").exists():
         problem = _check_prepared(name, dest)
@@ -308,7 +304,7 @@ def fetch(name: str) -> Path:
 
 def list_datasets() -> list[dict]:
     rows = [{"name": s.name, "source": f"{s.registry}:{s.package}", "about": s.about,
-             "cached": (cache_dir() / s.name / "meta.json").exists()} for s in SOURCES.values()]
+             "cached": (cache_root() / s.name / "meta.json").exists()} for s in SOURCES.values()]
     rows.append({"name": "synthetic", "source": "generated",
                  "about": "random tokens/images/vectors for throughput work", "cached": True})
     return rows

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from turbotrain.data.fetch import cache_dir, checksums, file_sha256, record_checksums, write_atomic
+from turbotrain.data.fetch import checksums, file_sha256, record_checksums, write_atomic
 from turbotrain.errors import UserError
+from turbotrain.files import cache_root
 from turbotrain.log import say
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -65,7 +66,7 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     tok_sum = file_sha256(_tokenizer_path(tokens)) if tokens not in ("char", "byte") else tokens
     key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict"]).encode()).hexdigest()[:20]  # older: lax
-    root = cache_dir() / "text" / key
+    root = cache_root() / "text" / key
     sums = checksums(root)
     if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
         meta = json.loads((root / "meta.json").read_text())

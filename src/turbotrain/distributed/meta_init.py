@@ -73,6 +73,8 @@ def is_meta(model: nn.Module) -> bool:
 def materialize(model: nn.Module, device: torch.device, seed: int) -> str:
     """Storage on `device` for every parameter (its shard where sharded) and buffer, then the initialisation;
     returns which initialisation ran (for the log)."""
+    if not callable(getattr(model, BUILTIN_HOOK, None)):
+        _check_resettable(model)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers() if not b.is_meta}
     ties = _tied(model)
     model.to_empty(device=device)
@@ -86,6 +88,34 @@ def materialize(model: nn.Module, device: torch.device, seed: int) -> str:
     how = initialise(model, seed, fresh=True)
     say(f"meta_init: built on the meta device, materialised on {device}, initialised by {how}")
     return how
+
+
+def _check_resettable(model: nn.Module) -> None:
+    """Without an `init_weights()` hook, `reset_parameters()` of each module is all that sets the storage
+    `to_empty` leaves uninitialised: a parameter held by a module without one (an `nn.Parameter` of the model's
+    own) or a buffer built on the meta device would train on whatever memory held."""
+    params = [f"{mod}.{name}".lstrip(".") for mod, m in model.named_modules()
+              for name, _ in m.named_parameters(recurse=False) if not callable(getattr(m, "reset_parameters", None))]
+    buffers = [name for name, b in model.named_buffers() if b.is_meta]
+    if params or buffers:
+        what = (f"parameters no reset_parameters() sets ({', '.join(params[:4])})" if params else
+                f"buffers built on the meta device ({', '.join(buffers[:4])}), which nothing restores")
+        raise UserError(f"parallel.meta_init = true: the model has {what}; give the model an init_weights() method "
+                        "that initialises everything (it runs after materialising), or set parallel.meta_init = false")
+
+
+@contextlib.contextmanager
+def buffers_on_meta(model: nn.Module) -> Iterator[None]:
+    """Every buffer swapped for a meta tensor of its shape while the block runs (a FLOP count of a meta model:
+    shapes only, no real buffer meeting a meta parameter), the real ones put back after."""
+    real = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
+    for m, name, b in real:
+        m._buffers[name] = b.to("meta")
+    try:
+        yield
+    finally:
+        for m, name, b in real:
+            m._buffers[name] = b
 
 
 def _tied(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

@@ -40,7 +40,11 @@ def model_factory(cfg: ModelConfig):
     if hf.is_hf_name(cfg.name):
         return functools.partial(hf.build_hf, cfg.name)
     if is_import_spec(cfg.name):
-        return load_object(cfg.name, "model.name")
+        factory = load_object(cfg.name, "model.name")
+        if isinstance(factory, nn.Module):  # callable, but calling it runs its forward
+            raise UserError(f"model.name = {cfg.name!r} names a built {type(factory).__name__} module, not a factory; "
+                            "name a function (or class) that builds and returns the model")
+        return factory
     return importlib.import_module(f"turbotrain.models.{cfg.name}").build
 
 

@@ -29,7 +29,8 @@ class Alerts:
     `is_main`: rules on values every rank shares (the loss, the straggler verdict) are sent by rank 0 only;
     a rank's own readings (GPU, data wait, sync latency, a hang) are sent by that rank."""
 
-    SHARED = ("loss_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop", "straggler")
+    SHARED = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
+              "straggler")
 
     def __init__(self, max_bad_steps: int, cfg: MonitorConfig | None = None, *, rank: int = 0,
                  jsonl: sinks.JsonlFile | None = None, webhook: sinks.Webhook | None = None,
@@ -48,14 +49,27 @@ class Alerts:
         loss is only read at log steps), averaged over ranks so that every rank decides alike."""
         if not math.isfinite(loss):
             streak = max(1, math.ceil(bad_streak))
+            msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} "
+                   f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
             if streak >= self.max_bad or final:
-                msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} "
-                       f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
-                self.emit(Fired("loss_nonfinite", streak, self.max_bad, msg), step, console=False)
-                raise NonFiniteLoss(msg)
+                self.emit(Fired("loss_nonfinite", streak, self.max_bad, msg), step, console=False, repeat=True)
+                raise NonFiniteLoss(msg)  # the stop is always sent, however recent the last non-finite alert
+            # below the stop: still said (rate-limited), or a run with NaN steps in it would look clean
+            self.emit(Fired("loss_nonfinite", streak, self.max_bad,
+                            f"{msg} (the run stops at {self.max_bad} in a row: train.max_bad_steps)"), step)
             return
         for f in self.loss_rules.check(loss):
             self.emit(f, step)
+
+    def check_grad(self, grad_norm: float | None, step: int) -> None:
+        """grad_nonfinite: the gradients' norm is NaN/inf at a log step while the loss is finite (a NaN there
+        reaches the weights, and a loss may stay finite over NaN weights). Not for fp16's loss scaling, whose
+        overflowing steps are skipped by design: the caller passes None then."""
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            self.emit(Fired("grad_nonfinite", grad_norm, math.inf,
+                            f"gradient norm is {grad_norm} at step {step} while the loss is finite: NaN/inf "
+                            "gradients corrupt the weights; keep train.grad_clip on, lower train.lr, or find the op "
+                            "with a NaN gradient (torch.autograd.set_detect_anomaly)"), step)
 
     def check_rate(self, rate: float, step: int) -> None:
         """throughput_drop alone (the other row rules need the whole row: `check_row`)."""

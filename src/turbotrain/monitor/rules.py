@@ -4,8 +4,9 @@ Each check looks at host floats of a log step (never a tensor: the row is alread
 a `Fired` when its rule trips, or None. They keep what history they need (a window of losses, the past
 throughput windows, streaks of log steps) and nothing else, so they are tested on synthetic series.
 
-Rule names (the `rule` of an alerts.jsonl line): loss_nonfinite, loss_spike, loss_diverging, loss_plateau,
-throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, sync_latency, straggler, hung_step.
+Rule names (the `rule` of an alerts.jsonl line): loss_nonfinite, grad_nonfinite, loss_spike, loss_diverging,
+loss_plateau, throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, sync_latency, straggler,
+hung_step.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 
 from turbotrain.errors import UserError
 
-RULES = ("loss_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop", "data_wait",
-         "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "sync_latency", "straggler", "hung_step")
+RULES = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
+         "data_wait", "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "sync_latency", "straggler", "hung_step")
 
 
 @dataclass
@@ -40,11 +41,12 @@ class MonitorConfig:
     prometheus_per_rank: bool = False
     """Every rank serves /metrics on prometheus_port + LOCAL_RANK (default: rank 0 only)."""
     hang_timeout_s: float = 0.0
-    """Fail the run when no step completes for this many seconds, with every thread's stack (0 = off)."""
+    """Fail the run when no step completes for this many seconds (>= 1), with every thread's stack (0 = off);
+    5x this before the first step (building, the first data reads, compiling)."""
     alert_repeat_s: float = 600.0
     """An alert of one rule is sent at most once per this many seconds (repeats are counted, not sent)."""
     loss_spike_factor: float = 2.0
-    """loss_spike: a logged loss above this factor times its running average (0 = off)."""
+    """loss_spike: a logged loss above this factor (> 1) times its running average, for positive losses (0 = off)."""
     loss_diverging_window: int = 10
     """loss_diverging: log steps in the trend window (0 = off)."""
     loss_diverging_rise: float = 0.2
@@ -77,9 +79,9 @@ class MonitorConfig:
             raise UserError(problem)
         if not 0 <= self.prometheus_port <= 65535:
             raise UserError(f"monitor.prometheus_port = {self.prometheus_port}: expected 0 (off) or a port 1-65535")
-        if self.webhook_url and not self.webhook_url.startswith(("http://", "https://")):
-            raise UserError(f"monitor.webhook_url = {self.webhook_url!r}: expected an http:// or https:// URL, "
-                            f"or \"\" (off)")
+        if self.webhook_url and (problem := _url_problem(self.webhook_url)):
+            raise UserError(f"monitor.webhook_url = {self.webhook_url!r}: {problem}; expected an http:// or "
+                            f"https:// URL, or \"\" (off)")
         for key in ("hang_timeout_s", "alert_repeat_s", "loss_spike_factor", "loss_diverging_rise",
                     "loss_plateau_delta", "throughput_drop_ratio", "gpu_temp_high_c", "sync_latency_ms",
                     "loss_diverging_window", "loss_plateau_window"):
@@ -95,15 +97,41 @@ class MonitorConfig:
             raise UserError(f"monitor.webhook_timeout_s = {self.webhook_timeout_s}: must be > 0")
         if self.loss_diverging_window in (1, 2):
             raise UserError("monitor.loss_diverging_window: a trend needs at least 3 log steps (0 = off)")
+        if 0 < self.loss_spike_factor <= 1:  # every loss above its own running average would be a spike
+            raise UserError(f"monitor.loss_spike_factor = {self.loss_spike_factor}: must be > 1 (0 = off)")
+        if 0 < self.hang_timeout_s < 1:  # shorter than a step's own host work: every run would "hang"
+            raise UserError(f"monitor.hang_timeout_s = {self.hang_timeout_s}: must be >= 1 second (0 = off)")
         if self.throughput_drop_ratio >= 1:
             raise UserError(f"monitor.throughput_drop_ratio = {self.throughput_drop_ratio}: must be < 1 (0 = off)")
 
-    def check_trackers(self) -> None:
-        """What the config load leaves to the machine that trains (trackers.check_trackers: the extras installed,
-        your own factories importable); call it before the run directory is touched, as train.callbacks are."""
+    def check_sinks(self, local_rank: int = 0, is_main: bool = True) -> None:
+        """What the config load leaves to the machine that trains, checked before the run directory is touched,
+        as train.callbacks are: the trackers' extras installed and your factories importable (not at the config
+        load: a finished run's config.toml must still load for `export` on a machine without them), and the
+        Prometheus port free on this host."""
+        from turbotrain.monitor.sinks import check_port
         from turbotrain.monitor.trackers import check_trackers
 
         check_trackers(self.trackers)
+        if self.prometheus_port and (is_main or self.prometheus_per_rank):
+            check_port(self.prometheus_port + (local_rank if self.prometheus_per_rank else 0), self.prometheus_addr)
+
+
+def _url_problem(url: str) -> str | None:
+    """What makes `url` one that urllib cannot POST to, or None: checked at the config load, not by the
+    webhook's thread at the first alert."""
+    from urllib.parse import urlsplit
+
+    if not url.startswith(("http://", "https://")):
+        return "not an http(s) URL"
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return "it holds whitespace or control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as e:
+        return str(e)
+    return None if parts.hostname else "it names no host"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ calls it at three points: `after_step` every step (no device sync), `measure` + 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -21,11 +22,10 @@ from turbotrain.monitor.nvml import GpuStats
 from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
-from turbotrain.monitor.watchdog import Watchdog
+from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog
 from turbotrain.workload import peak_mem_gib, sync
 
 __all__ = ["MonitorConfig", "RunMonitor", "StepCost"]  # MonitorConfig lives beside its rules (rules.py)
-HUNG_EXIT_CODE = 1  # "anything else" (DESIGN: 0 done, 2 user error, 1 anything else)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,10 +39,20 @@ class StepCost:
     peak_flops: float | None  # of one device at the run's dtype; None = unknown (MFU null)
 
 
+# every name the monitor may put in a metrics row (some only with 2+ ranks, NVML, tokens or a known peak): a
+# callback's extra metrics may take none of them, present on a given row or not (callbacks.py)
+ROW_NAMES = frozenset({
+    "step", "loss", "lr", "grad_norm", "samples_per_s", "step_ms", "data_wait_pct", "tokens_per_s", "mfu",
+    "peak_mem_gib", "sync_ms", "rank_time_ratio", "slowest_rank", "gpu_util_pct", "gpu_mem_used_gib",
+    "gpu_temp_c", "gpu_mem_pct"})
+
+
 class RunMonitor:
     def __init__(self, run_dir: Path, env: DistEnv, device: torch.device, cost: StepCost, *, steps: int,
-                 start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None):
+                 start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None,
+                 loss_scaling: bool = False):
         self.env, self.device, self.cost, self.steps = env, device, cost, steps
+        self.scaled = loss_scaling  # fp16's GradScaler: inf gradients are skipped steps, not a fault
         self.cfg = cfg = cfg or MonitorConfig()
         self.logger = MetricsLogger(run_dir, steps, enabled=env.is_main, trackers=cfg.trackers, start_step=start_step)
         self.gpu = GpuStats(device)
@@ -93,6 +103,8 @@ class RunMonitor:
         except NonFiniteLoss:  # the run ends here: its last row, with the NaN that ended it, is kept
             self.write(row, data_wait_s)
             raise
+        if math.isfinite(loss_v) and not self.scaled:
+            self.alerts.check_grad(row["grad_norm"], done)
         self.alerts.check_row(row, done, warm)
         return row
 
@@ -121,8 +133,9 @@ class RunMonitor:
         msg = (f"no step completed for {since:.1f} s after step {step} (monitor.hang_timeout_s = "
                f"{self.cfg.hang_timeout_s:g}); ending the run (every thread's stack of rank {rank} follows)\n{stacks}")
         self.alerts.emit(Fired("hung_step", since, self.cfg.hang_timeout_s, msg), step, repeat=True)
-        print(f"[turbotrain] rank {rank}: hung at step {step + 1} (no step for {since:.1f} s); every thread's "
-              f"stack:\n{stacks}", file=sys.stderr, flush=True)
+        print(f"{stacks}\n[turbotrain] rank {rank}: hung after step {step} (nothing completed for {since:.1f} s, "
+              f"monitor.hang_timeout_s = {self.cfg.hang_timeout_s:g}); every thread's stack is above",
+              file=sys.stderr, flush=True)
         self.alerts.close(wait_s=min(self.cfg.webhook_timeout_s, 5.0))
         sys.stdout.flush()
         os._exit(HUNG_EXIT_CODE)

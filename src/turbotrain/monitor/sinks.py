@@ -86,13 +86,13 @@ class Webhook:
     def _post(self, alert: dict) -> str | None:
         body, error = json.dumps(alert).encode(), None
         for attempt in range(self.retries):
-            req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-            try:
+            try:  # whatever one POST raises (http.client's own errors too) is that alert's failure, not the thread's
+                req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                     if 200 <= r.status < 300:
                         return None
                     error = f"HTTP {r.status}"
-            except (urllib.error.URLError, OSError, ValueError) as e:
+            except Exception as e:
                 error = str(getattr(e, "reason", e)) or type(e).__name__
             if attempt + 1 < self.retries:
                 time.sleep(min(0.2 * 2 ** attempt, 2.0))
@@ -124,6 +124,29 @@ class Webhook:
         self.undelivered.close()
 
 
+def _serve_error(e: OSError, addr: str, port: int) -> UserError:
+    # an address the host cannot resolve or bind (gaierror, EADDRNOTAVAIL) is the address's fault;
+    # a port in use or privileged, the port's
+    bad_addr = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL
+    fix = ("set monitor.prometheus_addr to an address of this host (\"0.0.0.0\": all of them, "
+           "\"127.0.0.1\": this host only)" if bad_addr else "choose a free port (>= 1024 unless root)")
+    return UserError(f"monitor.{'prometheus_addr' if bad_addr else 'prometheus_port'}: cannot serve /metrics "
+                     f"on {addr}:{port} ({e.strerror or e}); {fix}")
+
+
+def check_port(port: int, addr: str) -> None:
+    """Bind addr:port and let it go again: a port in use or an address not of this host is refused before the
+    run directory (or an earlier run in it) is touched; the server itself starts with the monitor."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server's own socket
+            s.bind(sockaddr)
+    except OSError as e:
+        raise _serve_error(e, addr, port) from None
+
+
 class Prometheus:
     """A `/metrics` endpoint (prometheus-client, its own registry and thread): the last log step's metrics as
     gauges `turbotrain_<key>` and the alerts as counters, labelled by rank."""
@@ -146,13 +169,7 @@ class Prometheus:
         try:
             self.server, self.thread = pc.start_http_server(port, addr=addr, registry=self.registry)
         except OSError as e:
-            # an address the host cannot resolve or bind (gaierror, EADDRNOTAVAIL) is the address's fault;
-            # a port in use or privileged, the port's
-            bad_addr = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL
-            fix = ("set monitor.prometheus_addr to an address of this host (\"0.0.0.0\": all of them, "
-                   "\"127.0.0.1\": this host only)" if bad_addr else "choose a free port (>= 1024 unless root)")
-            raise UserError(f"monitor.{'prometheus_addr' if bad_addr else 'prometheus_port'}: cannot serve /metrics "
-                            f"on {addr}:{port} ({e.strerror or e}); {fix}") from None
+            raise _serve_error(e, addr, port) from None
         say(f"monitor: Prometheus metrics on http://{addr}:{port}/metrics")
 
     def update(self, row: dict) -> None:

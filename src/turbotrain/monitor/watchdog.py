@@ -7,13 +7,17 @@ tears a job down once one of its ranks exits.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Callable
 
 FIRST_STEP_FACTOR = 5  # the first step compiles and starts the data workers: it gets 5x the timeout
+HUNG_EXIT_CODE = 1  # "anything else" (DESIGN: 0 done, 2 user error, 1 anything else)
 
 
 def thread_stacks() -> str:
@@ -62,3 +66,25 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
+
+
+@contextlib.contextmanager
+def watching(timeout_s: float, what: str) -> Iterator[None]:
+    """The watchdog over a phase before the loop's (the first reads of the user's data, before any step): past
+    FIRST_STEP_FACTOR x `timeout_s` (0: off), every thread's stack and one closing line naming `what` hung, then
+    the process ends — a read blocked in the user's code cannot be unwound from here."""
+    if not timeout_s:
+        yield
+        return
+
+    def hung(since: float, _step: int, stacks: str) -> None:
+        print(f"{stacks}\n[turbotrain] hung: {what} took over {since:.1f} s (monitor.hang_timeout_s = {timeout_s:g}, "
+              f"x{FIRST_STEP_FACTOR} before the first step); every thread's stack is above", file=sys.stderr,
+              flush=True)
+        os._exit(HUNG_EXIT_CODE)
+
+    dog = Watchdog(timeout_s, hung)
+    try:
+        yield
+    finally:
+        dog.stop()
