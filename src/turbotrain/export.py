@@ -12,7 +12,8 @@ Usage:
     turbotrain export runs/my-hf-run --format hf [--out DIR]    # AutoModelFor*.from_pretrained(DIR) loads it
     turbotrain export runs/gpt-shakespeare --format safetensors # model.safetensors + config.toml (+ final.json)
 A run without final/ (stopped before the end) is exported from its latest checkpoint: state.pt, or the
-sharded dcp/ of FSDP2 consolidated into one file.
+sharded dcp/ of FSDP2 consolidated into one file. A run still training is refused, and so is an --out inside
+any run directory (but the run's own export/) or over existing files: an export never overwrites a run's files.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -124,6 +127,8 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
             _check_final(d)
             _check_config(d)
             return d
+    if not _holds_run_files(root):
+        raise UserError(f"{run_dir}: {NOT_A_RUN}")
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
                     f"--format safetensors` writes one from its latest checkpoint")
 
@@ -257,53 +262,157 @@ def _for_inference(model: nn.Module) -> None:
 
 def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None = None) -> Path:
     """`export(run, "hf")` → a `save_pretrained` directory; `export(run, "safetensors")` → model.safetensors +
-    config.toml. `out` defaults to `run_dir/export/<fmt>`. Returns the folder written."""
+    config.toml. `out` defaults to `run_dir/export/<fmt>`. Returns the folder written. Every check runs before
+    anything is written, and the export appears whole or not at all (written aside, then renamed)."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    root = Path(run_dir).expanduser()
-    if not root.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
-    dest = _export_dest(root, fmt, out)
-    if not (root / FINAL / WEIGHTS).is_file() and not (root / WEIGHTS).is_file():
-        _final_from_checkpoint(root)
-    if fmt == "safetensors":
+    root = _run_root(run_dir)
+    dest, replace = _export_dest(root, fmt, out)
+    lock = _hold_lock(root)
+    try:
+        if not (root / FINAL / WEIGHTS).is_file() and not (root / WEIGHTS).is_file():
+            model, cfg = _model_from_checkpoint(root)
+            if fmt == "hf":
+                _require_hf(model, cfg)  # before final/ is written: a refused export writes nothing
+            if write_final(model, cfg, root, True) is None:
+                raise UserError(f"{root / FINAL} could not be written (see the warning above); free space in the run "
+                                "directory and export again")
+            say(f"export: {root / FINAL} written")
         final = _final_dir(root)
-        # final.json too: its class record lets `load` on the export refuse a config that builds another model
-        for name in (WEIGHTS, "config.toml", "final.json"):
-            if (final / name).is_file():
-                shutil.copyfile(final / name, dest / name)
-    else:
-        _export_hf(root, dest)
+        if fmt == "safetensors":
+            # final.json too: its class record lets `load` on the export refuse a config that builds another model
+            with _writing(dest, replace) as tmp:
+                for name in (WEIGHTS, "config.toml", "final.json"):
+                    if (final / name).is_file():
+                        shutil.copyfile(final / name, tmp / name)
+        else:
+            model, cfg = load(root, "cpu"), _build_cfg(root)
+            _require_hf(model, cfg)
+            with _writing(dest, replace) as tmp:
+                model.hf.save_pretrained(tmp)
+                _save_tokenizer(cfg, tmp)
+    finally:
+        if lock is not None:
+            os.close(lock)  # drops the shared lock
     say(f"export: {fmt} → {dest}")
     return dest
 
 
-def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> Path:
-    """The export folder, created; never the run directory itself nor its final/ (an export there would
-    overwrite the run's own config.toml or weights), never over a file."""
-    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
-    if dest.resolve() in (root.resolve(), (root / FINAL).resolve()):
-        raise UserError(f"--out {dest}: is the run directory or its {FINAL}/; choose another folder, e.g. "
-                        f"{root / 'export' / fmt}")
+@contextmanager
+def _writing(dest: Path, replace: bool) -> Iterator[Path]:
+    """A folder beside `dest` to write the export into, renamed to `dest` once whole: a failed export (a full
+    disk) leaves no half-written model behind, and an earlier export being replaced stays whole until then."""
+    tmp = dest.parent / f".{dest.name}-{uuid.uuid4().hex[:8]}.tmp"
     try:
-        dest.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        yield tmp
+        if replace and dest.is_dir():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)  # onto a missing or empty folder
     except OSError as e:
-        raise UserError(f"--out {dest}: cannot create the export folder ({e.strerror or e}); choose another "
+        raise UserError(f"--out {dest}: cannot write the export ({e.strerror or e}); free space or choose another "
                         "folder") from None
-    return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _export_hf(root: Path, dest: Path) -> None:
+# what a run directory holds beside its config.toml (rundir.RUN_FILES, RunDir's .lock); a project folder with a
+# config.toml and, say, a wandb/ of its own is not one
+RUN_MARKERS = ("metrics.jsonl", "summary.json", FINAL, "checkpoints", ".lock")
+
+
+NOT_A_RUN = (f"not a run directory (no config.toml, metrics.jsonl, {FINAL}/ or checkpoints/ in it); name a run's "
+             "folder, e.g. runs/NAME")
+
+
+def _is_run_dir(d: Path) -> bool:
+    """Surely a run directory: where an export must never write."""
+    return (d / "config.toml").is_file() and any((d / n).exists() for n in RUN_MARKERS)
+
+
+def _holds_run_files(d: Path) -> bool:
+    """A run directory, maybe a damaged one (its config.toml lost, say): worth exporting from, or naming what
+    is missing."""
+    return any((d / n).exists() for n in ("config.toml", *RUN_MARKERS))
+
+
+def _run_root(run_dir: str | os.PathLike) -> Path:
+    """The run directory that `run_dir` names: RUN/final stands for RUN (its export goes to RUN/export/, never
+    into final/); an exported folder (model.safetensors + config.toml) is taken as is."""
+    if not str(run_dir).strip():
+        raise UserError("RUN_DIR '': names no folder (an unset shell variable?); name a run's folder, e.g. runs/NAME")
+    root = Path(run_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if root.resolve().name == FINAL:
+        root = root.resolve().parent
+    if not (root / WEIGHTS).is_file() and not _holds_run_files(root):
+        raise UserError(f"{run_dir}: {NOT_A_RUN}")
+    return root
+
+
+def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> tuple[Path, bool]:
+    """The export folder (checked, not created) and whether an earlier export there is replaced: only in the
+    run's own export/ folder. Never inside any run directory but there (another run's, a checkpoint, a final/,
+    this run itself: the export would overwrite its files or fail its checkpoint's verification), never over
+    existing files."""
+    if out is not None and not str(out).strip():
+        raise UserError("--out '': names no folder (an unset shell variable?); give a folder, or leave --out out "
+                        f"for {root / 'export' / fmt}")
+    own = root.resolve() / "export"  # its last part unresolved: a link there into another run is refused below
+    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
+    real = dest.resolve()
+    if not real.is_relative_to(own):
+        run = next((d for d in (real, *real.parents) if _is_run_dir(d)), None)
+        if run is not None:
+            raise UserError(f"--out {dest}: cannot create the export inside the run directory {run} (it would "
+                            f"overwrite or add to the run's config.toml, {FINAL}/ or checkpoints/); choose a folder "
+                            f"outside every run directory, or leave --out out for {root / 'export' / fmt}")
+    replace = real == own / fmt
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not replace)):
+        raise UserError(f"--out {dest}: already exists and is not an empty folder (an export there would overwrite "
+                        "its files); choose a new folder, or move that one aside")
+    near = next(p for p in real.parents if p.exists())
+    if not near.is_dir() or not os.access(near, os.W_OK | os.X_OK):
+        why = "a file" if not near.is_dir() else "not writable"
+        raise UserError(f"--out {dest}: cannot create it ({near} is {why}); choose another folder")
+    return dest, replace
+
+
+def _hold_lock(root: Path) -> int | None:
+    """Refuse a run still training (its rank 0 holds `.lock` exclusively, see rundir.RunDir: checkpoints rotate
+    under the export, final/ is the run's to write); else hold a shared lock on it until the export is done, so a
+    run started meanwhile is refused rather than racing it. None: no lock to hold (no run ever held this folder
+    here) or a filesystem without locks."""
+    import fcntl
+
+    try:  # O_NONBLOCK: a FIFO planted as .lock must not hang the open
+        fd = os.open(root / ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        try:
+            holder = os.read(fd, 256).decode(errors="replace").split()  # "pid host", written by the run
+        except OSError:
+            holder = []
+        os.close(fd)
+        who = f" (pid {holder[0]}{' on ' + holder[1] if len(holder) > 1 else ''})" if holder else ""
+        raise UserError(f"{root} is still training{who}; export it when it finishes, or copy it first") from None
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _require_hf(model: nn.Module, cfg) -> None:
     from turbotrain.models.hf import HFModel
 
-    model = load(root, "cpu")
     if not isinstance(model, HFModel):
-        name = json.loads((_final_dir(root) / "final.json").read_text()).get("model", "?") \
-            if (_final_dir(root) / "final.json").is_file() else "?"
         raise UserError(f"--format hf needs an HF model (model.name = 'hf:...' or a factory returning one); this "
-                        f"run's model is {name!r}: use --format safetensors")
-    model.hf.save_pretrained(dest)
-    _save_tokenizer(_build_cfg(root), dest)
+                        f"run's model is {cfg.model.name!r}: use --format safetensors")
 
 
 def _build_cfg(root: Path):
@@ -321,22 +430,37 @@ def _save_tokenizer(cfg, dest: Path) -> None:
         PreTrainedTokenizerFast(tokenizer_file=str(Path(tokens).expanduser())).save_pretrained(dest)
 
 
-def _final_from_checkpoint(root: Path) -> None:
-    """final/ from the latest good checkpoint of an unfinished run: state.pt's model, or FSDP2's sharded
-    dcp/ read into the full model (one process, no process group) — one consolidated file either way."""
-    from turbotrain.checkpoint import CheckpointConfig, Checkpointer, _safe_planner, _safe_reader, _safe_torch_load
+def _model_from_checkpoint(root: Path) -> tuple[nn.Module, object]:
+    """The model of an unfinished run and its config, from its latest checkpoint that verifies and reads whole:
+    state.pt's model, or FSDP2's sharded dcp/ read into the full model (one process, no process group). A
+    checkpoint that fails or disappears while it is read (deleted, rotated) is passed over for the one before."""
+    from turbotrain.checkpoint import CheckpointConfig, Checkpointer, CodeInCheckpoint, CorruptCheckpoint
 
-    ckpt = Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False)
-    good = [p for p in reversed(ckpt.list()) if Checkpointer.verify(p) is None]
-    if not good:
-        raise UserError(f"{root}: no {FINAL}/{WEIGHTS} and no good checkpoint to export from")
-    path = good[0]
-    meta = json.loads((path / "meta.json").read_text())
-    config = root / "config.toml"
-    model, cfg = _build(config)
+    model = cfg = None
+    for path in reversed(Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False).list()):
+        try:
+            problem = Checkpointer.verify(path)
+            if problem is None:
+                if model is None:
+                    model, cfg = _build(root / "config.toml")
+                _load_checkpoint(path, model, root / "config.toml")
+                say(f"export: the run did not finish; its model comes from checkpoint {path.name}")
+                return model, cfg
+        except (OSError, CorruptCheckpoint, CodeInCheckpoint) as e:
+            problem = (e.strerror if isinstance(e, OSError) else None) or str(e)
+        say(f"warning: checkpoint {path.name} cannot be exported ({problem}); trying the previous one")
+    raise UserError(f"{root}: no {FINAL}/{WEIGHTS} and no good checkpoint to export from")
+
+
+def _load_checkpoint(path: Path, model: nn.Module, config: Path) -> None:
+    """The checkpoint's model state into `model`; OSError, CorruptCheckpoint or CodeInCheckpoint when the
+    checkpoint cannot be read, a UserError when it is not the model `config` builds."""
+    from turbotrain.checkpoint import _dcp_failure, _safe_planner, _safe_reader, _safe_torch_load
+
+    meta = json.loads((path / "meta.json").read_text())  # verified: an OSError at most
     trained = meta.get("model_class")
     if isinstance(trained, str) and trained != model_class_name(model):  # train(cfg, model=...): not the config's
-        short = trained.rsplit(".", 1)[-1]
+        short, root = trained.rsplit(".", 1)[-1], config.parent
         raise UserError(f"checkpoint {path} was trained on a model passed in code ({trained}), not the "
                         f"{model_class_name(model)} {config} builds; finish the run in code (turbotrain.train(cfg, "
                         f"model={short}(...)) resumes it and writes {FINAL}/), then turbotrain.load({str(root)!r}, "
@@ -345,17 +469,21 @@ def _final_from_checkpoint(root: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
         state = {"model": model.state_dict()}
-        with warnings.catch_warnings():  # "torch.distributed is uninitialized ... load in a single process": yes
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=_safe_reader(path / "dcp"), planner=_safe_planner(), no_dist=True)
-        model.load_state_dict(state["model"])
+        reader, planner = _safe_reader(path / "dcp"), _safe_planner()
+        try:
+            with warnings.catch_warnings():  # "torch.distributed is uninitialized ... load in a single process": yes
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
+        except BaseException as e:  # CheckpointException (a BaseException) wraps the reading error
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise (reader.refused or planner.refused or _dcp_failure(e)) from None
+        state = state["model"]
     else:
         with open(path / "state.pt", "rb") as f:
             state = _safe_torch_load(f, "state.pt")["model"]
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:  # config.toml edited or replaced since the checkpoint
-            raise UserError(f"checkpoint {path} does not fit the model {config} builds "
-                            f"({' '.join(str(e).split())[:200]}); restore the run's config.toml") from None
-    write_final(model, cfg, root, True)
-    say(f"export: {root / FINAL} written from checkpoint {path.name} (the run did not finish)")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # config.toml edited or replaced since the checkpoint
+        raise UserError(f"checkpoint {path} does not fit the model {config} builds "
+                        f"({' '.join(str(e).split())[:200]}); restore the run's config.toml") from None
