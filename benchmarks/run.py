@@ -293,7 +293,7 @@ def follow_advice(out: Path, runs: Path, env: dict, record: dict) -> None:
     """Train eager bf16 GPT-2 before and after the first advice of its profile; the speedup into advice.json."""
     report = runs / "gpt2_eager_bf16" / "profile" / "report.json"
     recs = json.loads(report.read_text()).get("recommendations", []) if report.exists() else []
-    advice = recs[0]["set"].split() if recs else []
+    advice = next((r["set"].split() for r in recs if r.get("set")), [])  # the first that is a config change
     base = ["gpt2-124m", "compile.enabled=false", "precision.dtype=bf16", "checkpoint.every=0", f"run.out_dir='{runs}'"]
     rates = {}
     for name, extra in (("before", []), ("after", advice)):

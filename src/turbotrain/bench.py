@@ -21,9 +21,10 @@ import torch
 from turbotrain.accel.convnet import convnet_targets
 from turbotrain.config import Config, load_config
 from turbotrain.errors import UserError
-from turbotrain.files import make_dir, write_report
+from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, run_progress, say
 from turbotrain.models.structure import find_blocks, supports_fused_loss
+from turbotrain.rundir import RunConfig
 
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
@@ -31,6 +32,7 @@ BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_la
             "kernels.fused_loss=false", "kernels.convnet=false"]
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
+MIN_STEPS = 2  # a fresh run's first step is warm-up (monitor/run_monitor.py's n_warm), so it times from the second
 
 
 def variant_overrides(name: str, cfg: Config) -> list[str]:
@@ -82,6 +84,42 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     return out + ["all"]
 
 
+def refuse_under_torchrun(command: str, fix: str) -> None:
+    """bench, scale and tune start every run themselves: under torchrun each rank would start them all. A
+    malformed launcher variable (WORLD_SIZE=abc) is the training's own one-line error (distributed/env.py).
+    `fix`: the command to run instead; "{world}" in it becomes the world size asked for."""
+    from turbotrain.distributed.env import DistEnv
+
+    world = DistEnv.from_environ().world_size
+    if world > 1:
+        raise UserError(f"{command} starts its runs itself; run it once, not under torchrun (WORLD_SIZE={world}): "
+                        + fix.replace("{world}", str(world)))
+
+
+def check_timed_steps(steps: int, command: str) -> None:
+    """A run of fewer than MIN_STEPS steps measures no throughput: refused before anything runs."""
+    if steps < MIN_STEPS:
+        raise UserError(f"train.steps = {steps}: {command} times the steps after the warm-up step, and there are "
+                        f"none; set train.steps >= {MIN_STEPS} (a few dozen for a steady figure)")
+
+
+def check_derived_names(run_name: str, names: list[str], command: str) -> None:
+    """The run names a command derives from run.name (NAME-bench-VARIANT, ...) must be legal too, or every one of
+    its runs fails: checked before the first runs."""
+    longest, limit = max(names, key=len), RunConfig.NAME_MAX
+    if len(longest) > limit:
+        extra = len(longest) - len(run_name)
+        raise UserError(f"run.name is {len(run_name)} characters and {command} adds up to {extra} to it "
+                        f"({longest[len(run_name):]!r}), past the {limit}-character limit of a run name: set "
+                        f"run.name to at most {limit - extra} characters")
+
+
+def check_unique(flag: str, names: list[str]) -> None:
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"{flag}: {', '.join(twice)} given more than once; name each once")
+
+
 def _run(args: list[str], log: Path, what: str, run_dir: Path, steps: int, timeout_s: float | None = None,
          module: bool = True) -> int:
     """A variant in a fresh process (`python -m args`, or `python args` for a script); every 10 s the console
@@ -98,7 +136,9 @@ def run_until(cmd: list[str], log: Path, what: str, status, env: dict, timeout_s
     bench, tune or scale outlives them."""
     import subprocess
 
-    with open(log, "w") as f, Heartbeat(what, status=status):
+    from turbotrain.rundir import open_run_file
+
+    with open_run_file(log) as f, Heartbeat(what, status=status):
         proc = None
         try:
             with _SignalsWait():
@@ -256,45 +296,89 @@ def run_bench(config: str | None, overrides: list[str], variants: list[str] | No
 
 def _run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int,
                converge: bool, compare: list[str]) -> dict:
+    from turbotrain.report import refuse_links
+
+    refuse_under_torchrun("bench", "turbotrain bench ... (each variant trains as one process)")
     cfg = load_config(config, overrides)
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if converge and cfg.data.name == "synthetic":
         raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
+    check_timed_steps(cfg.train.steps, "bench")
     variants = variants or default_variants(cfg, on_gpu)
+    check_unique("--variants", variants)  # a variant twice would share its run folder and be judged against itself
+    check_unique("--compare", list(compare))
     for v in variants:
         variant_overrides(v, cfg)  # validate names before running anything
     for tool in compare:
         _check_compare(tool)
-    out = Path(cfg.run.out_dir) / f"{cfg.run.name}-bench"
+    runs_dir, out = Path(cfg.run.out_dir), Path(cfg.run.out_dir) / f"{cfg.run.name}-bench"
+    names = {(v, r): _run_name(cfg.run.name, v, r, repeats) for v in [*variants, *compare] for r in range(repeats)}
+    check_derived_names(cfg.run.name, [out.name, *names.values()], "bench")
+    refuse_links([out / f"bench.{ext}" for ext in ("json", "md", "png")] + [out / f"{n}.log" for n in names.values()])
     make_dir(out)
     rows = []
     for v in variants:
         runs = []
         for r in range(repeats):
-            name = f"{cfg.run.name}-bench-{v}" + (f"-r{r}" if repeats > 1 else "")
+            name = names[v, r]
             args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
                     *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0",
                     'checkpoint.resume="never"', "checkpoint.final=false"]
             what = (f"bench: {v} ({variants.index(v) + 1}/{len(variants)})"
                     + (f", repeat {r + 1}/{repeats}" if repeats > 1 else ""))
             say(what)
-            rc = _run(args, out / f"{name}.log", what, Path(cfg.run.out_dir) / name, cfg.train.steps)
-            if rc != 0:
-                tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
-                runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})
-                continue
-            runs.append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
+            rc = _run(args, out / f"{name}.log", what, runs_dir / name, cfg.train.steps)
+            runs.append(measured(rc, out / f"{name}.log", runs_dir / name / "summary.json"))
         rows.append(_row(v, runs, variant_overrides(v, cfg)))
     for tool in compare:
-        rows.append(_compare_row(tool, config, overrides, cfg, out, repeats))
+        rows.append(_compare_row(tool, config, overrides, cfg, out, [names[tool, r] for r in range(repeats)]))
     _judge(rows, converge, cfg.data.name == "synthetic")
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "device": _device_name(rows),
               "torch": torch.__version__, "repeats": repeats, "converge": converge,
               "synthetic_data": cfg.data.name == "synthetic", "steps": cfg.train.steps, "rows": rows}
-    _plot(result, out / "bench.png")
-    write_report(out, "bench", result, format_table(result))
+    write_results(out, "bench", result, format_table(result), plot=_plot)
     say(f"bench: wrote {out}/bench.json, bench.md, bench.png")
+    if not any(r.get("samples_per_s") for r in rows[:len(variants)]):  # the record is written, yet nothing measured
+        first = rows[0]
+        raise UserError(f"bench: no variant ran to the end ({first['variant']}: {first['error']}); every row is in "
+                        f"{out / 'bench.md'}, each run's output in its .log there; check the config with: "
+                        f"turbotrain train {config or ''} ...".replace("  ", " "))
     return result
+
+
+def _run_name(run_name: str, variant: str, repeat: int, repeats: int) -> str:
+    return f"{run_name}-bench-{variant}" + (f"-r{repeat}" if repeats > 1 else "")
+
+
+def measured(rc: int, log: Path, summary: Path) -> dict:
+    """A run's summary.json, or {"error": why} where it measured nothing: its own `error:` line (tune's
+    `_failure`), an unreadable summary, or a run with no timed step."""
+    from turbotrain.tune import _failure
+
+    if rc != 0:
+        return {"error": f"exit {rc}: {_failure(log) or 'no output'}"}
+    try:
+        s = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return {"error": f"exit 0 but no readable {summary}"}
+    if not isinstance(s, dict) or not s.get("samples_per_s"):
+        return {"error": "no timed steps: the run ended within its warm-up"}
+    return s
+
+
+def write_results(folder: Path, stem: str, data: dict, markdown: str, plot=None) -> None:
+    """{stem}.json, {stem}.md (and with `plot` {stem}.png) in `folder`, never through a symbolic link, and the
+    markdown on the console."""
+    from turbotrain.report import refuse_links
+    from turbotrain.rundir import write_run_file
+
+    if plot is not None:
+        png = folder / f"{stem}.png"
+        refuse_links([png])  # a link planted while the runs ran: savefig would follow it
+        plot(data, png)
+    write_run_file(folder / f"{stem}.json", json.dumps(data, indent=2))
+    write_run_file(folder / f"{stem}.md", markdown + "\n")
+    print(markdown)
 
 
 def _device_name(rows: list[dict]) -> str:
@@ -302,10 +386,11 @@ def _device_name(rows: list[dict]) -> str:
 
 
 def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
-    ok = [r for r in runs if "error" not in r]
+    ok = [r for r in runs if "error" not in r and r.get("samples_per_s")]
     if not ok:
-        return {"variant": variant, "error": runs[0]["error"], "overrides": overrides}
-    rates = [r["samples_per_s_median_window"] or r["samples_per_s"] for r in ok if r.get("samples_per_s")]
+        return {"variant": variant, "error": next((r["error"] for r in runs if "error" in r), "no timed steps"),
+                "overrides": overrides}
+    rates = [r.get("samples_per_s_median_window") or r["samples_per_s"] for r in ok]
     last = ok[-1]
     rate = statistics.median(rates) if rates else None
     tokens = rate * (last["tokens_per_s"] / last["samples_per_s"]) if rate and last.get("tokens_per_s") else None
@@ -318,39 +403,37 @@ def _row(variant: str, runs: list[dict], overrides: list[str]) -> dict:
 
 
 PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"  # the comparator, in a source checkout
+PEER_PACKAGES = {"accelerate": "accelerate", "fabric": "lightning"}  # --compare name -> the package it runs on
 
 
 def _check_compare(tool: str) -> None:
     """A --compare name this checkout can run; checked before the first variant runs."""
-    if tool not in ("accelerate", "fabric"):
-        raise UserError(f"--compare: unknown framework {tool!r}; choose accelerate, fabric")
+    import importlib.util
+
+    if tool not in PEER_PACKAGES:
+        raise UserError(f"--compare: unknown framework {tool!r}; choose {', '.join(PEER_PACKAGES)}")
     if not PEERS.is_file():
         raise UserError(f"--compare runs the comparator benchmarks/peers.py of a source checkout; {PEERS} is not "
                         "there: run turbotrain from a clone of its repository (pip install -e .)")
+    package = PEER_PACKAGES[tool]
+    if importlib.util.find_spec(package) is None:
+        raise UserError(f"--compare {tool}: {package} is not installed; pip install {package}, or leave {tool} out "
+                        "of --compare")
 
 
-def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path, repeats: int) -> dict:
-    """The same model, data and steps through another framework (bf16 + compile, see benchmarks/peers.py)."""
-    _check_compare(tool)
-    module = {"accelerate": "accelerate", "fabric": "lightning.fabric"}[tool]
-    import importlib.util
-
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        return {"variant": f"{tool} (bf16 + compile)", "skipped": f"{module} is not installed"}
+def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Config, out: Path,
+                 names: list[str]) -> dict:
+    """The same model, data and steps through another framework (bf16 + compile, see benchmarks/peers.py), as
+    many runs as our rows (`names`), each in a fresh process."""
     runs = []
-    for r in range(repeats):  # as many repeats as our rows, each in a fresh process
-        name = f"{cfg.run.name}-bench-{tool}" + (f"-r{r}" if repeats > 1 else "")
+    for r, name in enumerate(names):
         summary = Path(cfg.run.out_dir) / name / "summary.json"
-        what = f"bench: comparator {tool}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
+        what = f"bench: comparator {tool}" + (f" (repeat {r + 1}/{len(names)})" if len(names) > 1 else "")
         say(what)
         rc = _run([str(PEERS), tool, str(summary), *([config] if config else []), *overrides,
                    f"run.name={json.dumps(name)}"], out / f"{name}.log", what, Path(cfg.run.out_dir) / name,
                   cfg.train.steps, module=False)
-        if rc != 0:
-            tail = (out / f"{name}.log").read_text().strip().splitlines()[-2:]
-            runs.append({"error": f"exit {rc}: {' | '.join(tail)[:300]}"})
-            continue
-        runs.append(json.loads(summary.read_text()))
+        runs.append(measured(rc, out / f"{name}.log", summary))
     return _row(f"{tool} (bf16 + compile)", runs, [])
 
 
@@ -384,21 +467,23 @@ def _judge(rows: list[dict], converge: bool, synthetic: bool = False) -> None:
 
 
 def format_table(result: dict) -> str:
+    from turbotrain.report import md_cell
+
     unit = "tok/s" if any(r.get("tokens_per_s") for r in result["rows"]) else "samples/s"
     head = (f"Device: {result['device']}, torch {result['torch']}, {result['steps']} steps"
             + (", synthetic data" if result["synthetic_data"] else "") + f", median of {result['repeats']} run(s)")
     lines = [head, "", f"| variant | {unit} | speedup | step ms | peak GiB | memory saved | compile s | loss "
              f"| val loss | val acc | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        if "skipped" in r or "error" in r:
-            lines.append(f"| {r['variant']} | {r.get('skipped') or r.get('error')[:60]} | | | | | | | | | |")
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {md_cell(r['error'], 200)} | | | | | | | | | |")
             continue
         rate = r["tokens_per_s"] or r["samples_per_s"]
         f = lambda v, fmt: format(v, fmt) if v is not None else "—"  # noqa: E731
         lines.append(f"| {r['variant']} | {rate:,.0f} | {f(r.get('speedup'), '.2f')}x | {f(r['step_ms'], '.1f')} | "
                      f"{f(r['peak_mem_gib'], '.2f')} | {f(r.get('mem_saving'), '.0%')} | {f(r['compile_s'], '.1f')} | "
                      f"{f(r['final_loss'], '.4f')} | {f(r['val_loss'], '.4f')} | {f(r['val_acc'], '.2%')} | "
-                     f"{r.get('verdict', '')} |")
+                     f"{md_cell(r.get('verdict', ''))} |")
     return "\n".join(lines)
 
 

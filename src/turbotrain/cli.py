@@ -184,18 +184,14 @@ def _check_processes(n: int, flag: str) -> None:
 
 
 def _scale(args: argparse.Namespace) -> None:
-    from turbotrain.scale import run_scale
+    from turbotrain.scale import check_args, run_scale
 
     try:
         gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--gpus {args.gpus!r}: expected comma-separated integers, e.g. 1,2,4") from None
     strategies = [x.strip() for x in args.strategies.split(",") if x.strip()]
-    bad = [x for x in strategies if x not in ("ddp", "fsdp")]
-    if not gpus or min(gpus) < 1 or bad:
-        raise UserError("--gpus needs positive integers and --strategies only ddp,fsdp")
-    if args.repeats < 1:
-        raise UserError("--repeats must be >= 1")
+    check_args(gpus, strategies, args.repeats)
     _check_processes(max(gpus), "--gpus")
     run_scale(args.config, args.overrides, gpus, strategies, args.repeats)
 
@@ -214,12 +210,9 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
-    from turbotrain.tune import process_start, run_tune
+    from turbotrain.tune import check_args, process_start, run_tune
 
-    week = 7 * 24 * 60  # nan fails every comparison; 1e308 minutes would be inf seconds (and Infinity in tune.json)
-    if not 0 < args.budget_min <= week or args.repeats < 0 or args.nproc < 1:
-        raise UserError(f"--budget-min must be a number of minutes > 0 (not inf or nan) and at most {week} (one "
-                        f"week), --repeats >= 0 and --nproc >= 1")
+    check_args(args.budget_min, args.repeats, args.nproc)
     _check_processes(args.nproc, "--nproc")
     since = process_start() if getattr(args, "whole_process", False) else None
     run_tune(args.config, args.overrides, args.budget_min, args.repeats, args.converge, args.nproc, args.allow_fp16,

@@ -12,15 +12,26 @@ each phase (data, forward, backward, optimizer) is a named range in the trace:
   overhead (GPU idle: Python, launches, syncs). The shares therefore sum to 1 by construction, and
   each part is measured, none estimated.
 
+The verdict names the largest stall above its threshold (data wait, exposed communication, host overhead:
+time the step waits), else the largest working part (the optimizer by name; forward or backward as
+compute). Every verdict but compute-bound comes with at least one fix; where no config key is left, the fix
+is a change to the user's code or machine. `profile` refuses a run directory that a training run holds and
+writes nothing through a symbolic link there.
+
 Usage: `turbotrain profile gpt2-124m precision.dtype=bf16 compile.enabled=false`.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
+import json
+import math
 import os
 import re
 import shutil
+import socket
 import statistics
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,10 +45,12 @@ from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
 from turbotrain.distributed.fsdp import unit_groups
-from turbotrain.files import make_dir, write_report
+from turbotrain.errors import UserError
+from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare
+from turbotrain.rundir import RunDir, write_run_file
 from turbotrain.step import first_train_step, train_step
 from turbotrain.workload import peak_mem_gib, resolve_device, sync
 
@@ -177,20 +190,40 @@ def _rec(keys: str, why: str, share: float) -> dict:
     return {"set": keys, "why": why, "evidence_share": round(share, 4)}
 
 
+def _tip(do: str, why: str, share: float) -> dict:
+    """A fix no config key reaches (the user's code, the machine): `set` stays empty, `do` says what to change."""
+    return {"set": "", "do": do, "why": why, "evidence_share": round(share, 4)}
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _data_advice(run: Run, data: float) -> list[dict]:
     loader = getattr(run.batches, "loader", None)  # None on the device-resident path
-    workers = loader.num_workers if loader is not None else 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers, cpus, resident = (loader.num_workers if loader is not None else 0), _cpus(), run.batches.resident
     recs = []
-    if not run.batches.resident and workers < max(1, cpus - 1):
+    if not resident and workers < max(1, cpus - 1):
         recs.append(_rec(f"data.num_workers={max(2, min(8, cpus - 1))}", f"the step waits for data {data:.0%} of the "
                          f"time with {workers} loader workers; workers prepare batches in parallel", data))
-    if run.trainee.device.type == "cuda" and not run.batches.resident:
+    if run.trainee.device.type == "cuda" and not resident:
         recs.append(_rec("data.pin_memory=true data.prefetch_factor=4", "pinned, prefetched batches copy "
                          "asynchronously", data))
     if loader is not None and isinstance(loader.dataset, TensorDataset):
         recs.append(_rec("data.device_resident=true", "the dataset is an in-memory tensor set: kept on the device it "
                          "needs no loader at all", data))
+    if resident:  # no loader to speed up: only fewer, larger gathers
+        recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", f"the step waits for its batch {data:.0%} "
+                         "of the time; a larger batch spreads the per-step gather over more samples", data))
+        return recs
+    # the levers left once the keys are used up live in the user's code and the machine
+    recs.append(_tip("make the dataset's __getitem__ cheaper", f"the step waits for data {data:.0%} of the time: "
+                     "decode, tokenize or augment once ahead of training and cache the result (pre-tokenized arrays, "
+                     "memory-mapped files), or produce items as in-memory tensors (then data.device_resident=true)",
+                     data))
+    if workers >= max(1, cpus - 1):
+        recs.append(_tip("more CPU cores for the loader", f"{workers} loader worker(s) and the step already share "
+                         f"the {cpus} cores this process may run on: more workers would only split them finer", data))
     return recs
 
 
@@ -213,7 +246,15 @@ def _comm_advice(run: Run, comm: float) -> list[dict]:
 
 
 def _host_advice(run: Run, host: float) -> list[dict]:
-    c, recs = run.cfg.compile, []
+    c, b, a, recs = run.cfg.compile, run.cfg.data.batch_size, run.cfg.train.grad_accum, []
+    if run.trainee.device.type != "cuda":  # no device to idle: the time is Python between the step's phases
+        if a > 1:
+            recs.append(_rec(f"data.batch_size={b * a} train.grad_accum=1", f"{host:.0%} of the step is host work "
+                             f"outside data, forward, backward and optimizer, paid per micro-batch: the same global "
+                             f"batch in one micro-batch pays it once (more memory)", host))
+        recs.append(_rec(f"data.batch_size={b * 2}", f"{host:.0%} of the step is host work outside its phases; more "
+                         "samples per step amortize it", host))
+        return recs
     # CUDA graphs only where they can hold: one process (the resolver turns them off under DDP/FSDP)
     if run.cfg.parallel.strategy == "none" and (not c.enabled or c.mode != "reduce-overhead"):
         recs.append(_rec("compile.enabled=true compile.mode=reduce-overhead", f"the GPU idles {host:.0%} of the step "
@@ -221,8 +262,48 @@ def _host_advice(run: Run, host: float) -> list[dict]:
     elif not c.enabled:
         recs.append(_rec("compile.enabled=true", f"the GPU idles {host:.0%} of the step waiting for the host; "
                          "compiled graphs launch fewer, fused kernels", host))
-    recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", "more work per launch amortizes the host "
-                     "overhead", host))
+    recs.append(_rec(f"data.batch_size={b * 2}", "more work per launch amortizes the host overhead", host))
+    return recs
+
+
+FUSED_KERNELS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)  # torch's `fused=` on CPU and CUDA
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
+
+
+def optimizer_facts(opt: torch.optim.Optimizer) -> dict:
+    """What the optimizer step works through: its class, kernel, parameters and state (bytes it reads and
+    writes every step besides the parameters and gradients)."""
+    d = opt.defaults
+    # foreach=None is torch's own choice: foreach on CUDA, the per-tensor loop on a CPU
+    impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for" if d.get("foreach") is False \
+        else "torch default"
+    params = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    return {"name": type(opt).__name__, "impl": impl, "params": params, "state_mib": round(state / 2**20, 1)}
+
+
+def _optimizer_advice(run: Run, share: float) -> list[dict]:
+    tr, spec, recs = run.trainee, run.cfg.train.optimizer, []
+    f = optimizer_facts(tr.opt)
+    size = (f"{f['name']} ({f['impl']}) updates {_count(f['params'])} parameters and "
+            f"{f['state_mib']:g} MiB of optimizer state every step")
+    if type(tr.opt) in FUSED_KERNELS and tr.device.type in ("cpu", "cuda") and f["impl"] != "fused":
+        why = (f"the optimizer is {share:.0%} of the step: {size}; the fused kernel does each parameter's whole "
+               "update in one pass instead of one pass per operation")
+        recs.append(_tip(f"pass fused=True to torch.optim.{f['name']} in {spec}", why, share) if ":" in spec
+                    else _rec('train.optimizer_impl="fused"', why, share))
+    elif f["impl"] == "for" and ":" not in spec:
+        recs.append(_rec('train.optimizer_impl="foreach"', f"the optimizer is {share:.0%} of the step: {size} one "
+                         "tensor at a time; foreach batches the tensors", share))
+    # its cost is per step, not per sample (a larger global batch: retune train.lr)
+    recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", f"the optimizer is {share:.0%} of the step "
+                     "and costs the same whatever the batch: a larger batch spreads it over twice the samples "
+                     "(retune train.lr)", share))
+    recs.append(_tip("train fewer parameters", f"{size}; parameters the forward barely uses cost a full update all "
+                     "the same: freeze them (requires_grad=False) or drop them", share))
     return recs
 
 
@@ -235,8 +316,12 @@ def _memory_advice(run: Run, mem_frac: float) -> list[dict]:
 
 
 def _compute_advice(run: Run, compute: float) -> list[dict]:
-    """GPU levers on the compute itself; on a CPU none of these applies (no tensor cores, no CUDA graphs)."""
+    """Levers on the compute itself. On a CPU only activation checkpointing's recompute is one (no tensor
+    cores, no CUDA graphs)."""
     cfg, tr, recs = run.cfg, run.trainee, []
+    if cfg.memory.activation_checkpointing != "none":
+        recs.append(_rec('memory.activation_checkpointing="none"', f"forward+backward are {compute:.0%} of the step "
+                         "and checkpointing runs the forward again inside backward; off, if memory allows", compute))
     if tr.device.type != "cuda":
         return recs
     if tr.dtype in ("fp32", "tf32"):
@@ -250,25 +335,67 @@ def _compute_advice(run: Run, compute: float) -> list[dict]:
     return recs
 
 
+# a stall (time the step waits, not works) above its share is the verdict whatever else the step does
+STALLS = {"data": 0.2, "communication": 0.15, "host": 0.3}
+OPTIMIZER_SECONDARY = 0.25  # an optimizer share above which its advice is given under any verdict
+
+
+def groups(shares: dict) -> dict[str, float]:
+    """The step's shares as the verdict weighs them: data wait and its copy are one stall."""
+    return {"data": shares["data_wait"] + shares["h2d_copy"], "communication": shares["exposed_comm"],
+            "host": shares["host_overhead"], "forward": shares["forward"], "backward": shares["backward"],
+            "optimizer": shares["optimizer"]}
+
+
+def bottleneck(shares: dict) -> str:
+    """The part the verdict names: the largest stall above its threshold, else the largest working part."""
+    g = groups(shares)
+    stalls = [k for k, t in STALLS.items() if g[k] >= t]
+    return max(stalls or ("forward", "backward", "optimizer"), key=g.__getitem__)
+
+
+LABELS = {"data": "data wait", "communication": "exposed communication", "host": "host overhead"}
+
+
+def describe(shares: dict) -> str:
+    """The numbers behind the verdict, its part first: "optimizer 81% of the step (backward 14%, ...)"."""
+    g, part = groups(shares), bottleneck(shares)
+    rest = ", ".join(f"{LABELS.get(k, k)} {v:.0%}" for k, v in sorted(g.items(), key=lambda kv: -kv[1])
+                     if k != part and v >= 0.01)
+    return f"{LABELS.get(part, part)} {g[part]:.0%} of the step" + (f" ({rest})" if rest else "")
+
+
 def verdict(shares: dict, run: Run, memory: dict) -> tuple[str, list[dict]]:
-    """The bottleneck and ranked recommendations naming turbotrain keys, each with its evidence. Every
-    recommendation can be pasted as it is on this machine: none names a device it does not have."""
+    """The bottleneck and ranked recommendations, the verdict's own first: every verdict but compute-bound
+    comes with at least one. Each config recommendation can be pasted as it is on this machine: none names a
+    device it does not have."""
     on_gpu = run.trainee.device.type == "cuda"
-    data, host = shares["data_wait"] + shares["h2d_copy"], shares["host_overhead"]
-    comm, compute = shares["exposed_comm"], shares["forward"] + shares["backward"] + shares["optimizer"]
+    g = groups(shares)
+    compute = g["forward"] + g["backward"]
     mem_frac = memory.get("peak_allocated_gib", 0) / memory["device_total_gib"] if memory.get("device_total_gib") else 0
-    if data >= 0.2:
-        kind, recs = "data-bound", _data_advice(run, data)
-    elif comm >= 0.15:
-        kind, recs = "communication-bound", _comm_advice(run, comm)
-    elif on_gpu and host >= 0.3:
-        kind, recs = "host/launch-bound", _host_advice(run, host)
+    advice = {"data": _data_advice, "communication": _comm_advice, "host": _host_advice,
+              "optimizer": _optimizer_advice}
+    part = bottleneck(shares)
+    if part in STALLS or part == "optimizer":
+        kind = {"data": "data-bound", "communication": "communication-bound", "optimizer": "optimizer-bound",
+                "host": "host/launch-bound" if on_gpu else "host-overhead-bound"}[part]
+        recs = advice[part](run, g[part])
     elif mem_frac > 0.9:
         kind, recs = "memory-bound", _memory_advice(run, mem_frac)
     else:
         kind, recs = "compute-bound", []
-    # compute-side advice applies whatever the verdict, ranked after the verdict's own
-    return kind, recs + _compute_advice(run, compute)
+    # then the other parts large enough to matter, largest first; compute-side advice last, whatever the verdict
+    limits = {**STALLS, "optimizer": OPTIMIZER_SECONDARY}
+    for other in sorted(limits, key=lambda k: -g[k]):
+        if other != part and g[other] >= limits[other]:
+            recs += advice[other](run, g[other])
+    recs += _compute_advice(run, compute)
+    ranked, seen = [], set()
+    for r in recs:  # one fix named by two parts is given once, at its first (higher) rank
+        if (key := r["set"] or r["do"]) not in seen:
+            seen.add(key)
+            ranked.append(r)
+    return kind, ranked
 
 
 def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) -> dict:
@@ -277,6 +404,9 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
     total = n_warm + wait + warmup + active
     cfg = replace(cfg, train=replace(cfg.train, steps=max(total, cfg.train.steps)),
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
+    run_dir = RunDir(cfg.run, is_main=False).path
+    _refuse_live_run(run_dir)  # before the build: nothing is done for a profile that cannot be written
+    _refuse_links(run_dir / "profile")
     try:
         with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
             return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active)
@@ -285,31 +415,80 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
         shutdown()
 
 
-def _one_step(run: Run, first: bool = False) -> float:
-    """One train step timed on a drained device, with the data fetch as its own phase."""
+def _refuse_live_run(run_dir: Path) -> None:
+    """profile takes no lock (it builds with probe=True): a run training in `run_dir` now would share the
+    machine with the profiled steps and see a folder written beside its own."""
+    held = RunDir.lock_held(run_dir)
+    if held is None:
+        say(f"profile: cannot tell whether a run holds {run_dir} (its lock is unreadable); profiling anyway")
+    if not held:
+        return
+    holder = ""
+    try:  # the holder wrote "PID HOST" into the lock; read without following a link or blocking on a FIFO
+        fd = os.open(run_dir / ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd) as f:
+            pid, host = (f.read(300).split() + ["", ""])[:2]
+        if pid.isdigit():
+            holder = f" (pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") + ")"
+    except (OSError, ValueError):
+        pass
+    raise UserError(f"{run_dir} is training now{holder}: profile under another run.name")
+
+
+def _refuse_links(out: Path, suffix: str = "") -> None:
+    """Nothing is written through a symbolic link in a run directory: not the profile folder, not its files."""
+    names = ("", f"trace{suffix}.json.gz", "report.json", "report.md", f"memory_snapshot{suffix}.pickle")
+    for p in (out / n if n else out for n in names):
+        if p.is_symlink():
+            raise UserError(f"{p} is a symbolic link; turbotrain does not write through links in a run directory: "
+                            "remove it or choose another run.name")
+
+
+@contextlib.contextmanager
+def _written_whole(path: Path):
+    """A temporary file beside `path`, renamed over it once written: no half file on a failure, and no write
+    through whatever sits at `path`."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e}); check run.out_dir and free space") from None
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk
+        raise UserError(f"cannot write {path} ({e.strerror or e}); free space under run.out_dir") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _one_step(run: Run, first: bool = False) -> tuple[float, torch.Tensor]:
+    """One train step timed on a drained device, with the data fetch as its own phase; (seconds, loss)."""
     t0, tr = time.perf_counter(), run.trainee
     with phases.phase("data"):
         micro = [next(run.batches) for _ in range(run.cfg.train.grad_accum)]
     if first:  # compile happens here (a compiler error falls back to eager), shapes fail here, as in train
-        first_train_step(tr, micro, run.cfg.train.grad_clip)
+        loss, _ = first_train_step(tr, micro, run.cfg.train.grad_clip)
     else:
-        train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)
+        loss, _ = train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)
     sync(tr.device)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, loss
 
 
-def _record(run: Run, wait: int, warmup: int, active: int) -> tuple[profile, list[float]]:
+def _record(run: Run, wait: int, warmup: int, active: int) -> tuple[profile, list[float], list[torch.Tensor]]:
     on_gpu = run.trainee.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     phases.enable(True)
-    times = []
+    times, losses = [], []
     with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
                  record_shapes=True, profile_memory=True, with_stack=False) as prof:
         for _ in range(wait + warmup + active):
-            times.append(_one_step(run))
+            t, loss = _one_step(run)
+            times.append(t)
+            losses.append(loss)  # read after the timed steps: reading one now would add a sync to each
             prof.step()
     phases.enable(False)
-    return prof, times[-active:]
+    return prof, times[-active:], losses[-active:]
 
 
 def _memory(run: Run, out: Path, suffix: str) -> dict:
@@ -321,7 +500,8 @@ def _memory(run: Run, out: Path, suffix: str) -> dict:
         # one more step with allocation history on, after the timed ones (recording slows the host)
         torch.cuda.memory._record_memory_history(max_entries=100_000)
         _one_step(run)
-        torch.cuda.memory._dump_snapshot(str(out / f"memory_snapshot{suffix}.pickle"))
+        with _written_whole(out / f"memory_snapshot{suffix}.pickle") as tmp:
+            torch.cuda.memory._dump_snapshot(tmp)
         torch.cuda.memory._record_memory_history(enabled=None)
         memory["snapshot"] = f"memory_snapshot{suffix}.pickle (open at https://pytorch.org/memory_viz)"
     return memory
@@ -329,9 +509,10 @@ def _memory(run: Run, out: Path, suffix: str) -> dict:
 
 def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict:
     out, tr = run.rundir.path / "profile", run.trainee
+    suffix = "" if run.env.is_main else f"-rank{run.env.rank}"  # torchrun: one trace per rank, one report
+    _refuse_links(out, suffix)
     make_dir(out)
     on_gpu = tr.device.type == "cuda"
-    suffix = "" if run.env.is_main else f"-rank{run.env.rank}"  # torchrun: one trace per rank, one report
     tr.model.train()
     say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
     with Heartbeat("profile: warming up (compile happens in the first step)"):
@@ -340,18 +521,28 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(tr.device)
     with Heartbeat("profile: recording the profiled steps"):
-        prof, times = _record(run, wait, warmup, active)
+        prof, times, losses = _record(run, wait, warmup, active)
     memory = _memory(run, out, suffix)
     # the parts are per-step means: so is the whole they share
     per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
     kind, recs = verdict(shares, run, memory)
-    raw = out / f"trace{suffix}.json"
-    prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as f, gzip.open(out / f"trace{suffix}.json.gz", "wb") as g:
-        shutil.copyfileobj(f, g)
-    raw.unlink()
+    notes = []
+    bad = sum(not math.isfinite(float(loss)) for loss in losses)
+    if bad:  # a diverged model's timings are real but not the ones the healthy model will have
+        notes.append(f"the loss was non-finite in the profiled steps: these are timings of a diverged model ({bad} "
+                     f"of {len(losses)} steps; NaN/inf values can take other kernel paths); fix the divergence first")
+        say(f"warning: {notes[-1]}")
+    with _written_whole(out / f"trace{suffix}.json.gz") as gz:
+        fd, raw = tempfile.mkstemp(dir=out, prefix=f".trace{suffix}.", suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as f, gzip.open(gz, "wb") as g:
+                shutil.copyfileobj(f, g)
+        finally:
+            Path(raw).unlink(missing_ok=True)
     report = {
         "workload": run.cfg.run.name, "device": run.info["device_name"], "dtype": tr.dtype, "torch": torch.__version__,
         "compile": run.info["compile"] and {**run.info["compile"], **compile_stats(), "fell_back": not tr.compiled},
@@ -360,13 +551,18 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
         "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
         "breakdown_share": shares,
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
-        "verdict": kind, "recommendations": recs, "top_ops": top, "memory": memory,
+        "verdict": kind, "bottleneck": bottleneck(shares), "verdict_detail": describe(shares),
+        "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
+        "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "
                   "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
     }
     if run.env.is_main:  # the report is rank 0's view; every rank keeps its own trace
-        write_report(out, "report", report, format_report(report))
+        markdown = format_report(report)
+        write_run_file(out / "report.json", json.dumps(report, indent=2))
+        write_run_file(out / "report.md", markdown + "\n")
+        print(markdown)
         say(f"profile: wrote {out}")
     return report
 
@@ -377,15 +573,20 @@ def format_report(r: dict) -> str:
            + (", fell back to eager" if c["fell_back"] else "")) if c else "eager"
     lines = [f"# Profile: {r['workload']} on {r['device']} ({r['dtype']}, {how}, strategy {r['strategy']})", "",
              f"Median step {r['step_ms_median']:.2f} ms over {r['steps_profiled']} profiled steps "
-             f"(global batch {r['global_batch']}).", "", f"**Verdict: {r['verdict']}**", "",
-             "| part | ms/step | share |", "|---|---|---|"]
+             f"(global batch {r['global_batch']}).", ""]
+    lines += [f"**Warning:** {n}." for n in r.get("notes", [])] + ([""] if r.get("notes") else [])
+    lines += [f"**Verdict: {r['verdict']}** — {r['verdict_detail']}", "", "| part | ms/step | share |", "|---|---|---|"]
     for k in PARTS:
         lines.append(f"| {k.replace('_', ' ')} | {r['breakdown_ms'][k]:.2f} | {r['breakdown_share'][k]:.1%} |")
-    lines += ["", "## Recommendations (ranked)", ""]
-    if not r["recommendations"]:
-        lines.append("None: the step is spent in compute with no obvious lever left.")
+    o = r["optimizer"]
+    lines += ["", f"Optimizer: {o['name']} ({o['impl']}), {_count(o['params'])} parameters, "
+              f"{o['state_mib']} MiB of state.", "", "## Recommendations (ranked)", ""]
+    if not r["recommendations"]:  # verdict() gives every other verdict at least one fix
+        lines.append("None: the step is spent in compute with no obvious lever left." if r["verdict"] == "compute-bound"
+                     else f"None found for a {r['verdict']} step.")
     for i, rec in enumerate(r["recommendations"], 1):
-        lines.append(f"{i}. `{rec['set']}` — {rec['why']} (evidence share {rec['evidence_share']:.0%})")
+        what = f"`{rec['set']}`" if rec["set"] else rec["do"]
+        lines.append(f"{i}. {what} — {rec['why']} (evidence share {rec['evidence_share']:.0%})")
     lines += ["", "## Top ops by self time", "", "| op | class | ms/step | share |", "|---|---|---|---|"]
     for op in r["top_ops"][:10]:
         lines.append(f"| `{op['name'][:70]}` | {op['class']} | {op['ms_per_step']:.3f} | "

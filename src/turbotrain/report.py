@@ -30,6 +30,8 @@ class RunFiles:
     profile: dict | None = None  # profile/report.json, where `turbotrain profile` ran
     state: str = "finished"  # running | finished | stopped | unknown: see run_state
     alerts_unreadable: int = 0  # lines of alerts.jsonl that hold no readable alert
+    metrics_unreadable: int = 0  # lines of metrics.jsonl that hold no readable row
+    damaged: list[str] = field(default_factory=list)  # files read as absent because they hold no JSON object
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of a metric, finite values only."""
@@ -49,7 +51,15 @@ class RunFiles:
 
     @property
     def exposed_comm_share(self) -> float | None:
-        return ((self.profile or {}).get("breakdown_share") or {}).get("exposed_comm")
+        """profile/report.json's exposed communication share; None when absent or not a number (file_notes)."""
+        share = _exposed_comm(self.profile)
+        return share if _finite(share) else None
+
+
+def _exposed_comm(profile: dict | None):
+    """The raw breakdown_share.exposed_comm of a profile report, whatever its type (None: not there)."""
+    shares = (profile or {}).get("breakdown_share")
+    return shares.get("exposed_comm") if isinstance(shares, dict) else None
 
 
 def _finite(v) -> bool:
@@ -84,23 +94,52 @@ def _jsonl(path: Path, step_key: bool = False, live: bool = False) -> tuple[list
     return out, bad
 
 
-def _json(path: Path) -> dict | None:
+def _json(run_dir: Path, name: str, damaged: list[str]) -> dict | None:
+    """The JSON object file `run_dir/name`, None when absent; one that holds no object (cut short, damaged) is
+    read as absent and its name added to `damaged`."""
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+        obj = json.loads((run_dir / name).read_bytes().decode("utf-8", errors="replace"))
+    except FileNotFoundError:
         return None
-    return obj if isinstance(obj, dict) else None
+    except (OSError, ValueError):  # ValueError: not JSON, or an integer past Python's digit limit
+        obj = None
+    if not isinstance(obj, dict):
+        damaged.append(name)
+        return None
+    return obj
 
 
 def load_run(run_dir: str | Path) -> RunFiles:
+    from turbotrain.rundir import RunDir
+
     path = Path(run_dir)
     if not (path / "metrics.jsonl").is_file():
         raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
-    run = RunFiles(path, _jsonl(path / "metrics.jsonl", True)[0], summary=_json(path / "summary.json"),
-                   profile=_json(path / "profile" / "report.json"))
+    live = RunDir.lock_held(path) is True  # a running run's last line may be one being written, not a damaged one
+    run = RunFiles(path)
+    run.rows, run.metrics_unreadable = _jsonl(path / "metrics.jsonl", True, live=live)
+    run.summary = _json(path, "summary.json", run.damaged)
+    run.profile = _json(path, "profile/report.json", run.damaged)
     run.state = run_state(run)
     run.alerts, run.alerts_unreadable = _jsonl(path / "alerts.jsonl", True, live=run.state == "running")
     return run
+
+
+def file_notes(run: RunFiles) -> list[str]:
+    """What of the run's files could not be read (empty: everything was): the figures shown leave it out."""
+    notes = []
+    if run.metrics_unreadable:
+        n = run.metrics_unreadable
+        notes.append(f"{n} line{'s' * (n != 1)} of metrics.jsonl unreadable (damaged or cut short): not shown")
+    notes += [f"{name} unreadable (damaged or cut short): read as absent" for name in run.damaged]
+    share = _exposed_comm(run.profile)
+    if share is not None and not _finite(share):
+        notes.append(f"profile/report.json: breakdown_share.exposed_comm is not a number ({_fmt(share)[:40]}): "
+                     "ignored")
+    elif run.profile is not None and "breakdown_share" in run.profile \
+            and not isinstance(run.profile["breakdown_share"], dict):
+        notes.append("profile/report.json: breakdown_share is not a table of shares: ignored")
+    return notes
 
 
 def run_state(run: RunFiles) -> str:
@@ -230,11 +269,13 @@ def render_png(run: RunFiles, path: Path) -> list[str]:
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
-    return "–" if v is None else str(v)
+    if isinstance(v, int) and not isinstance(v, bool) and not _finite(v):
+        return "(out of range)"  # a damaged value of hundreds of digits
+    return "–" if v is None else str(v).replace("|", "\\|")
 
 
 def render_markdown(run: RunFiles, png_name: str) -> str:
-    s, last = ({} if run.stale_summary else run.summary or {}), run.last_row
+    s, last, notes = ({} if run.stale_summary else run.summary or {}), run.last_row, file_notes(run)
     lines = [f"# Run report: {run.path.name}", "", f"![panels]({png_name})", "",
              "| figure | value |", "|---|---|",
              f"| state | {describe_state(run)} |",
@@ -246,6 +287,7 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
              f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
              f"| exposed communication share (profile) | {_fmt(run.exposed_comm_share)} |", "",
+             *[f"- **{note}**" for note in notes], *([""] if notes else []),
              *_alert_lines(run)]
     return "\n".join(lines) + "\n"
 
@@ -263,9 +305,9 @@ def _alert_lines(run: RunFiles) -> list[str]:
     if run.alerts:
         lines += ["| step | rank | rule | value | threshold | message |", "|---|---|---|---|---|---|"]
         for a in run.alerts:
-            msg = str(a.get("message", "")).split("\n", 1)[0].replace("|", "\\|")
-            lines.append(f"| {_fmt(a.get('step'))} | {_fmt(a.get('rank'))} | {a.get('rule')} | {_fmt(a.get('value'))} "
-                         f"| {_fmt(a.get('threshold'))} | {msg} |")
+            msg = md_cell(str(a.get("message", "")).split("\n", 1)[0])
+            lines.append(f"| {_fmt(a.get('step'))} | {_fmt(a.get('rank'))} | {md_cell(a.get('rule'))} "
+                         f"| {_fmt(a.get('value'))} | {_fmt(a.get('threshold'))} | {msg} |")
     else:
         lines.append("No alert could be read." if notes else "No alerts.")
     return lines
@@ -277,11 +319,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
 
     run = load_run(run_dir)
     png, md = run.path / "report.png", run.path / "report.md"
-    for out in (png, md):  # written in place: never through a link, never over a folder
-        if out.is_symlink() or (out.exists() and not out.is_file()):
-            what = "a symbolic link" if out.is_symlink() else "not a regular file"
-            raise UserError(f"{out} is {what}; turbotrain does not write through links or over folders in a run "
-                            "directory: remove it and run report again")
+    refuse_links([png, md])
     try:
         render_png(run, png)
     except OSError as e:
@@ -289,3 +327,21 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
                         "space") from None
     write_run_file(md, render_markdown(run, png.name))
     return png, md
+
+
+def refuse_links(files: list[Path], folders: list[Path] = ()) -> None:
+    """Before anything is written: none of these output files and folders is a symbolic link (a write would land
+    wherever it points: nothing is written through a link in a run directory) or of the other kind (a folder
+    where a file goes, or the reverse). Usage: `refuse_links([out / "bench.json"], folders=[out / "tune"])`."""
+    for path, folder in [*((f, False) for f in files), *((d, True) for d in folders)]:
+        wrong = path.exists() and not (path.is_dir() if folder else path.is_file())
+        if path.is_symlink() or wrong:
+            what = "a symbolic link" if path.is_symlink() else "not a folder" if folder else "not a regular file"
+            raise UserError(f"{path} is {what}; turbotrain does not write through links or over other files in a "
+                            "run directory: remove it and run again")
+
+
+def md_cell(value, width: int | None = None) -> str:
+    """Text for a markdown table cell: one line, `|` escaped (it would end the cell), cut to `width`."""
+    text = " ".join(str(value).split())[:width]
+    return text.replace("|", "\\|")

@@ -37,7 +37,8 @@ class RunConfig:
         if not 0 <= self.seed < 2**32:
             raise UserError(f"run.seed = {self.seed}: must be in 0 .. 2**32-1 (numpy's seed range)")
 
-    NAME_RULE = ("a run name is 1-128 letters, digits, spaces and ._-+=@, characters, "
+    NAME_MAX = 128  # a folder name, with room for what bench, scale and tune append to it
+    NAME_RULE = (f"a run name is 1-{NAME_MAX} letters, digits, spaces and ._-+=@, characters, "
                  "not '.' or '..', not starting with '-' or a space")
     NAME_PUNCT = " ._-+=@,"
 
@@ -52,7 +53,7 @@ class RunConfig:
             return "is empty"
         if name in (".", ".."):
             return "names a parent or current folder"
-        if len(name) > 128:
+        if len(name) > cls.NAME_MAX:
             return f"is {len(name)} characters long"
         if name[0] in "- " or name[-1] == " ":
             return "starts with '-' or starts/ends with a space"

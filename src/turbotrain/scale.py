@@ -8,17 +8,27 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 import torch
 
-from turbotrain.bench import Interrupted, interrupts, run_until
+from turbotrain.bench import (
+    Interrupted,
+    check_derived_names,
+    check_timed_steps,
+    check_unique,
+    interrupts,
+    measured,
+    refuse_under_torchrun,
+    run_until,
+    write_results,
+)
 from turbotrain.config import load_config
 from turbotrain.errors import UserError
-from turbotrain.files import make_dir, write_report
+from turbotrain.files import make_dir
 from turbotrain.log import run_progress, say
+from turbotrain.tune import _failure  # noqa: F401  how a row names a rank's own error (through bench.measured)
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
 
@@ -30,6 +40,28 @@ def _torchrun(n: int, config: str | None, overrides: list[str], log: Path, what:
            "-m", "turbotrain", "train", *([config] if config else []), *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return run_until(cmd, log, what, run_progress(run_dir, steps), env)
+
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def check_args(gpus: list[int], strategies: list[str], repeats: int) -> None:
+    """--gpus, --strategies and --repeats, each named with its wrong value."""
+    if not gpus:
+        raise UserError("--gpus names no world size; give a comma list of process counts, e.g. --gpus 1,2,4")
+    bad = [n for n in gpus if n < 1]
+    if bad:
+        raise UserError(f"--gpus {bad[0]}: a world size is a positive integer; e.g. --gpus 1,2,4")
+    if not strategies:  # `--strategies ""` (an unset shell variable) would write an empty table over the last one
+        raise UserError(f"--strategies names no strategy; give {', '.join(STRATEGIES)} or both, e.g. "
+                        f"--strategies ddp,fsdp")
+    unknown = [x for x in strategies if x not in STRATEGIES]
+    if unknown:
+        raise UserError(f"--strategies {unknown[0]}: unknown strategy; choose {', '.join(STRATEGIES)}")
+    check_unique("--gpus", [str(n) for n in gpus])
+    check_unique("--strategies", strategies)
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, not {repeats}")
 
 
 def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
@@ -49,11 +81,20 @@ def run_scale(config: str | None, overrides: list[str], gpus: list[int], strateg
 
 def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],
                repeats: int) -> dict:
+    from turbotrain.report import refuse_links
+
+    check_args(gpus, strategies, repeats)
+    refuse_under_torchrun("scale", "turbotrain scale ... --gpus 1,2,... (it starts torchrun itself)")
     cfg = load_config(config, overrides)  # validate once, before launching anything
+    check_timed_steps(cfg.train.steps, "scale")
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if on_gpu and max(gpus) > torch.cuda.device_count():
         raise UserError(f"--gpus asks for {max(gpus)} GPUs, {torch.cuda.device_count()} visible")
-    out = Path(cfg.run.out_dir) / f"{cfg.run.name}-scale"
+    runs_dir, out = Path(cfg.run.out_dir), Path(cfg.run.out_dir) / f"{cfg.run.name}-scale"
+    names = {(st, n, r): f"{cfg.run.name}-scale-{st}-{n}" + (f"-r{r}" if repeats > 1 else "")
+             for st in strategies for n in gpus for r in range(repeats)}
+    check_derived_names(cfg.run.name, [out.name, *names.values()], "scale")
+    refuse_links([out / "scale.json", out / "scale.md"] + [out / f"{n}.log" for n in names.values()])
     make_dir(out)
     rows = []
     for strategy in strategies:
@@ -64,20 +105,21 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
                 if n in errors:
                     continue
                 unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
-                name = f"{cfg.run.name}-scale-{strategy}-{n}" + (f"-r{r}" if repeats > 1 else "")
+                name = names[strategy, n, r]
                 extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0",
                          "checkpoint.final=false"]
                 if not on_gpu:
                     extra.append("run.device=\"cpu\"")
                 what = f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
                 say(what)
-                rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log", what,
-                               Path(cfg.run.out_dir) / name, cfg.train.steps)
-                if rc != 0:
-                    errors[n] = f"exit {rc}: {_failure(out / f'{name}.log')}"
+                rc = _torchrun(n, config, [*overrides, *extra], out / f"{name}.log", what, runs_dir / name,
+                               cfg.train.steps)
+                res = measured(rc, out / f"{name}.log", runs_dir / name / "summary.json")
+                if "error" in res:
+                    errors[n] = res["error"]
                     say(f"scale: {strategy} on {n} {unit} failed ({errors[n]}); log: {out / f'{name}.log'}")
                     continue
-                runs[n].append(json.loads((Path(cfg.run.out_dir) / name / "summary.json").read_text()))
+                runs[n].append(res)
         base = None
         for n, done in runs.items():
             if n in errors:
@@ -96,8 +138,12 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
               "performance_figure": on_gpu,
               "note": None if on_gpu else "CPU processes over gloo: a wiring check, not a performance figure",
               "torch": torch.__version__, "repeats": repeats, "nccl_env": nccl_env, "rows": rows}
-    write_report(out, "scale", result, format_table(result))
+    write_results(out, "scale", result, format_table(result))
     say(f"scale: wrote {out / 'scale.json'}")
+    if all("error" in r for r in rows):  # the record is written, yet nothing was measured
+        first = rows[0]
+        raise UserError(f"scale: no world size ran to the end ({first['strategy']} on {first['world_size']}: "
+                        f"{first['error']}); every row is in {out / 'scale.md'}, each run's output in its .log there")
     return result
 
 
@@ -115,24 +161,15 @@ def _row(strategy: str, n: int, runs: list[dict]) -> dict:
             "final_loss": s.get("final_loss"), "device": s.get("device_name"), "dtype": s.get("dtype")}
 
 
-def _failure(log: Path) -> str:
-    """A rank's own one-line error (what `turbotrain train` prints before exit 2), else the log's last lines
-    (torchrun's summary of a crash)."""
-    lines = log.read_text(errors="replace").strip().splitlines()
-    for line in lines:
-        m = re.search(r"(?:^|\]:)\s*error: (.+)", line)
-        if m:
-            return m.group(1)[:300]
-    return " | ".join(lines[-3:])[:300]
-
-
 def format_table(result: dict) -> str:
+    from turbotrain.report import md_cell
+
     unit = "tok/s" if any(r.get("tokens_per_s") for r in result["rows"]) else "samples/s"
     lines = [f"| strategy | devices | {unit} total | {unit} per device | efficiency | target | peak GiB/device |",
              "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['strategy']} | {r['world_size']} | failed: {r['error'][:80]} | | | | |")
+            lines.append(f"| {r['strategy']} | {r['world_size']} | failed: {md_cell(r['error'], 200)} | | | | |")
             continue
         total = r["tokens_per_s"] or r["samples_per_s"]
         per = r["tokens_per_s_per_device"] or r["samples_per_s_per_device"]

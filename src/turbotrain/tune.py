@@ -143,13 +143,20 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
 
 
 def _failure(log: Path) -> str:
-    """The trial's own `error:` line, else its last lines (a traceback's exception)."""
+    """A run's own one-line error (what `turbotrain train` prints before exit 2, prefixed `[rankN]:` under
+    torchrun), else the log's last lines (a traceback's exception, torchrun's summary of a crash). Shared by
+    tune's trials, bench's variants and scale's world sizes."""
+    import re
+
     try:
         lines = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
-    errors = [ln.split("error: ", 1)[1] for ln in lines if "error: " in ln]
-    return (errors[-1] if errors else " | ".join(lines[-2:]))[:300]
+    for line in lines:
+        m = re.search(r"(?:^|\]:)\s*error: (.+)", line)
+        if m:
+            return m.group(1)[:300]
+    return " | ".join(lines[-3:])[:300]
 
 
 class Search:
@@ -339,6 +346,20 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
     return safe, {**info, "replaced_by": safe["label"]}
 
 
+MAX_BUDGET_MIN = 7 * 24 * 60  # one week: nan fails every comparison; 1e308 minutes would be inf seconds
+
+
+def check_args(budget_min: float, repeats: int, nproc: int) -> None:
+    """--budget-min, --repeats and --nproc, each named with its wrong value."""
+    if not 0 < budget_min <= MAX_BUDGET_MIN:
+        raise UserError(f"--budget-min must be a number of minutes > 0 (not inf or nan) and at most {MAX_BUDGET_MIN} "
+                        f"(one week), not {budget_min:g}")
+    if repeats < 0:
+        raise UserError(f"--repeats must be >= 0 (0: the finalists are not re-run), not {repeats}")
+    if nproc < 1:
+        raise UserError(f"--nproc must be >= 1 (processes per trial), not {nproc}")
+
+
 def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0, repeats: int = 2,
              converge: bool = False, nproc: int = 1, allow_fp16: bool = False, since: float | None = None,
              allow_fp8: bool = False) -> dict:
@@ -348,16 +369,20 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     the report of the trials finished so far is written (marked partial, no tuned.toml) and the process
     exits 128 + the signal's number after one `error:` line; on any other error the same report, then the
     error as it was."""
-    from turbotrain.bench import Interrupted, interrupts
+    from turbotrain.bench import Interrupted, check_derived_names, interrupts, refuse_under_torchrun
+    from turbotrain.report import refuse_links
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("tune launches every trial itself through torchrun: run it once, not under torchrun: "
-                        f"turbotrain tune {config or ''} ... --nproc {os.environ['WORLD_SIZE']}".replace("  ", " "))
+    check_args(budget_min, repeats, nproc)
+    refuse_under_torchrun("tune", f"turbotrain tune {config or ''} ... --nproc {{world}}".replace("  ", " "))
     budget = Budget(budget_min, since)
     cfg = load_config(config, overrides)  # a bad CONFIG or KEY=VALUE: one error line before anything runs
     if converge and cfg.data.name == "synthetic":
         raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
+    check_derived_names(cfg.run.name, [f"{cfg.run.name}-tuned"], "tune (tuned.toml's run.name)")
     tuning = Tuning(config, overrides, cfg, budget, repeats, nproc)
+    out = tuning.tune_dir  # the report's files and temporary png (tune_report.write_outputs), the trials' folder
+    refuse_links([out / f for f in ("tuned.toml", "tune.json", "tune.md", "tune.png", ".tune.png.tmp")],
+                 folders=[out, out / "trials"])
     with interrupts():
         try:
             return tuning.run(converge, allow_fp16, allow_fp8)

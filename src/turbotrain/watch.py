@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from turbotrain.report import RunFiles, alert_notes, describe_state, load_run
+from turbotrain.report import RunFiles, _finite, alert_notes, describe_state, file_notes, load_run
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -46,7 +46,7 @@ def frame(run: RunFiles, width: int = 60) -> str:
     rate_s = f"{_num(rate, '.4g')} tokens/s" if rate is not None else f"{_num(_last(run, 'samples_per_s'))} samples/s"
     mfu = _last(run, "mfu")
     loss = last.get("loss")
-    if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+    if not (isinstance(loss, float) or _finite(loss)):  # NaN and inf say what ended a run; "x" or 10**400 do not
         loss = losses[-1] if losses else None
     lines = [
         f"turbotrain watch — {run.path}   [{describe_state(run)}]",
@@ -63,6 +63,7 @@ def frame(run: RunFiles, width: int = 60) -> str:
         f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
         f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}"
         + (f"   exposed comm {run.exposed_comm_share:.1%} (profile)" if run.exposed_comm_share is not None else ""),
+        *[f"files  ! {note}" for note in file_notes(run)],
         *_alert_lines(run, width),
     ]
     return "\n".join(lines)
