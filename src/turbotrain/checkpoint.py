@@ -593,8 +593,30 @@ class Checkpointer:
         os.replace(self.dir, dest)
         say(f"checkpoint: starting fresh; the earlier checkpoints were moved to {dest}")
 
+    def _set_aside_later(self, step: int) -> None:
+        """The checkpoints past the one resumed from — damaged ones fallen back past, or another timeline's (a
+        resume from an earlier step, or from another run's checkpoint) — moved to checkpoints.old-N: kept, but
+        never resumed by "auto" nor counted by checkpoint.keep, which would delete the new ones in their favour."""
+        later = [p for p in self.list() if int(p.name.removeprefix("step-")) > step]
+        if not later:
+            return
+        n = 1
+        while (dest := self.dir.with_name(f"checkpoints.old-{n}")).exists():
+            n += 1
+        dest.mkdir()
+        for p in later:
+            os.replace(p, dest / p.name)
+        say(f"checkpoint: resuming from step {step}; the {len(later)} later checkpoint(s) ({later[0].name} ...) were "
+            f"moved to {dest}")
+
+    @property
+    def from_elsewhere(self) -> bool:
+        """The run resumed from a checkpoint of another run directory (checkpoint.resume=PATH)."""
+        return self.loaded is not None and not self.loaded.resolve().is_relative_to(self.dir.resolve())
+
     def _prune(self) -> None:
-        for old in self.list()[:-self.cfg.keep]:
+        # only whole checkpoints count (a stray empty step folder is not one, and must not push a good one out)
+        for old in [p for p in self.list() if (p / "meta.json").is_file()][:-self.cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.dir.glob(".tmp-step-*"):  # left by a kill mid-write: never a checkpoint, only space
             if stale.is_dir() and not stale.is_symlink():
@@ -702,6 +724,9 @@ class Checkpointer:
                 say(f"warning: checkpoint {candidate.name} is corrupt ({e}); trying the previous one")
                 continue
             self.loaded, self.loaded_meta = candidate, meta
+            if self.rank == 0 and not self.from_elsewhere:  # from elsewhere, the whole earlier run is set aside
+                self._set_aside_later(int(meta["step"]))
+            self._barrier()
             return int(meta["step"])
         say("warning: no good checkpoint left to resume from; starting fresh")
         if self.rank == 0:

@@ -158,12 +158,16 @@ def config_from_dict(raw: dict) -> Config:
 def parse_value(text: str) -> Any:
     """A TOML literal (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`); anything else is taken as a bare string."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        doc = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return text
     except ValueError:  # tomllib's int() past Python's int-to-text limit: a traceback otherwise
         raise UserError(f"{show_value(text[:40])}...: an integer of more than {sys.get_int_max_str_digits()} digits; "
                         "use a smaller number") from None
+    if set(doc) != {"v"}:  # a line break let more TOML in ("0.5\ntrain.steps=99"): it would be dropped unseen
+        raise UserError(f"{show_value(text[:60])}: a value with a line break and more TOML after it; give one "
+                        "KEY=VALUE per argument")
+    return doc["v"]
 
 
 def _override_key(item: str) -> tuple[list[str], str] | None:

@@ -86,7 +86,12 @@ def save_weights(state: dict[str, torch.Tensor], tied: dict[str, str], path: Pat
         key = (v.untyped_storage().data_ptr(), v.storage_offset())
         out[k] = v.clone() if key in seen else v
         seen.add(key)
-    save_file(out, str(path), metadata={"format": "pt", "tied": json.dumps(tied)})
+    try:
+        save_file(out, str(path), metadata={"format": "pt", "tied": json.dumps(tied)})
+    except Exception as e:  # safetensors' own error type carries the write's I/O error (a full disk, no inodes)
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise OSError(" ".join(str(e).split())[:200]) from e
 
 
 def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | None:

@@ -186,12 +186,13 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         cfg = _measured_attention(cfg, trainee, sample)
         start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
         if env.is_main and not probe:
-            if start_step == 0 and (moved := rundir.set_aside()):
+            fresh = start_step == 0 or ckpt.from_elsewhere  # another run's checkpoint starts this one anew here
+            if fresh and (moved := rundir.set_aside()):
                 say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
             note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not "
                     "rebuild them\n" if given else "")
             write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
-            if start_step:
+            if start_step and not fresh:
                 rundir.trim_metrics(start_step)
         sampler.start_step, sampler.seed = start_step, cfg.run.seed
         batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),

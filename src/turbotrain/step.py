@@ -21,6 +21,7 @@ from turbotrain.distributed.ddp import DDP, grad_sync
 from turbotrain.distributed.env import DistEnv, all_mean
 from turbotrain.distributed.pipeline_parallel import PipelineRunner
 from turbotrain.errors import UserError
+from turbotrain.log import say
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
 from turbotrain.pipeline import Trainee
@@ -212,7 +213,11 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     # sync point, once per eval: sums over ranks
     total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
     n = len(batches) * dp_world
-    row = {"val_loss": total[0] / n}
+    val_loss = total[0] / n
+    if not math.isfinite(val_loss):  # null in the JSON files, as the val metrics are; said, for it is no figure
+        say(f"warning: the validation loss is {val_loss} (NaN/inf): logged as null; the model diverged in eval "
+            "mode, or the val data holds NaN/inf")
+    row = {"val_loss": val_loss if math.isfinite(val_loss) else None}
     if total[2]:
         row["val_acc"] = total[1] / total[2]
     row.update({f"val_{name}": v / n if math.isfinite(v) else None for name, v in zip(metrics, total[3:])})  # JSON

@@ -254,3 +254,19 @@ def float_classes(split, n=64):
 
 def classifier_of(num_classes):
     return Classifier(num_classes)
+
+
+class EvalNaN(nn.Module):
+    """A linear model whose eval-mode output is NaN (training is fine)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 1)
+
+    def forward(self, x):
+        out = self.fc(x).squeeze(-1)
+        return out if self.training else out * float("nan")
+
+
+def eval_nan():
+    return EvalNaN()

@@ -23,6 +23,10 @@ from turbotrain.plugins import call_factory, is_import_spec, load_object, where
 Auto = Literal["auto"]
 
 
+MAX_WORKERS = 256  # DataLoader processes per rank
+MAX_PREFETCH = 256  # batches each worker loads ahead
+
+
 @dataclass
 class DataConfig:
     """The `[data]` section."""
@@ -53,10 +57,12 @@ class DataConfig:
             raise UserError(f"data.name = {self.name!r}: expected one of {', '.join(BUILTIN)} or 'pkg.module:factory'")
         if self.batch_size < 1:
             raise UserError(f"data.batch_size = {self.batch_size}: must be >= 1")
-        if self.num_workers != "auto" and self.num_workers < 0:
-            raise UserError(f"data.num_workers = {self.num_workers}: must be >= 0 or \"auto\"")
-        if self.prefetch_factor != "auto" and self.prefetch_factor < 1:
-            raise UserError(f"data.prefetch_factor = {self.prefetch_factor}: must be >= 1 or \"auto\"")
+        # upper bounds too: a process per worker, and the loader queues workers x prefetch batches up front
+        # (10^5 workers, or 10^11 batches, would hang the start instead of failing)
+        if self.num_workers != "auto" and not 0 <= self.num_workers <= MAX_WORKERS:
+            raise UserError(f"data.num_workers = {self.num_workers}: must be 0-{MAX_WORKERS} or \"auto\"")
+        if self.prefetch_factor != "auto" and not 1 <= self.prefetch_factor <= MAX_PREFETCH:
+            raise UserError(f"data.prefetch_factor = {self.prefetch_factor}: must be 1-{MAX_PREFETCH} or \"auto\"")
         if self.eval_batches < 0:
             raise UserError(f"data.eval_batches = {self.eval_batches}: must be >= 0")
 

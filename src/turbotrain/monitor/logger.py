@@ -22,7 +22,7 @@ def console_line(row: dict, total: int) -> str:
     if "loss" in row:
         parts.append(f"loss {row['loss']:.4f}")
     if "val_loss" in row:
-        parts.append(f"val_loss {row['val_loss']:.4f}")
+        parts.append(f"val_loss {row['val_loss']:.4f}" if row["val_loss"] is not None else "val_loss null")
     if row.get("val_acc") is not None:
         parts.append(f"val_acc {row['val_acc']:.2%}")
     if row.get("tokens_per_s"):

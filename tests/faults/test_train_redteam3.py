@@ -1,0 +1,47 @@
+"""Red-team cases of session 21 on `train` itself: a full disk under final/ is safetensors' own error type (an
+OSError here, so the run's warning path takes it), a NaN validation loss is JSON null and said, the loader's
+sizes have upper bounds, an override cannot smuggle more TOML in after a line break, and the logged lr is the one
+the step used."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.faults.common import BASE_TOML, error_line, lit, rows
+from turbotrain.cli import main
+from turbotrain.export import save_weights
+
+
+def test_a_failed_safetensors_write_is_an_oserror(tmp_path):
+    with pytest.raises(OSError, match="No such file or directory"):
+        save_weights({"w": torch.ones(2)}, {}, Path(tmp_path / "missing" / "model.safetensors"))
+
+
+def test_nan_val_loss_is_null_and_said(tmp_path, capsys):
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", 'model.name="userpkg.redteam2:eval_nan"',
+                 "model.args={}"]) == 0
+    out = capsys.readouterr().out
+    assert "validation loss is nan" in out
+    summary = json.loads((tmp_path / "fault" / "summary.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert summary["val_loss"] is None and rows(tmp_path / "fault")[-1]["val_loss"] is None
+
+
+@pytest.mark.parametrize("override, words", [
+    ("data.num_workers=100000", ["data.num_workers = 100000", "0-256"]),
+    ("data.prefetch_factor=100000000000", ["data.prefetch_factor = 100000000000", "1-256"]),
+    ("train.lr=0.5\ntrain.steps=99", ["line break", "one KEY=VALUE per argument"]),
+])
+def test_config_refusals(tmp_path, capsys, override, words):
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", override]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert all(w in line for w in words), line
+
+
+def test_logged_lr_is_the_steps_own(tmp_path, capsys):
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.warmup_steps=2",
+                 "train.schedule=\"constant\""]) == 0
+    assert [r["lr"] for r in rows(tmp_path / "fault")] == pytest.approx([0.005, 0.01, 0.01, 0.01])
