@@ -326,12 +326,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        _import_torch_or_exit()
     try:
-        args = _parse(argv)
-    except SystemExit as e:  # --help, --version (0) and usage errors (2, their line printed)
-        return e.code if isinstance(e.code, int) else int(e.code is not None)
-    args.whole_process = argv is None  # the command is this process (tune's budget then counts its imports)
-    rc = _run_reporting_errors(args)
+        try:
+            args = _parse(argv)
+        except SystemExit as e:  # --help, --version (0) and usage errors (2, their line printed)
+            return e.code if isinstance(e.code, int) else int(e.code is not None)
+        args.whole_process = argv is None  # the command is this process (tune's budget then counts its imports)
+        rc = _run_reporting_errors(args)
+    except KeyboardInterrupt:  # Ctrl-C before the run's own handling took over (while torch is imported, say)
+        print("error: interrupted", file=sys.stderr)
+        return 130
     if argv is None and "LOCAL_RANK" in os.environ:
         # A torchrun worker, its files saved and closed, leaves without interpreter teardown. Once FSDP2 is
         # imported, gloo's threads outlive destroy_process_group (torch keeps the group in C++) and are torn
@@ -342,6 +348,28 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     return rc
+
+
+def _import_torch_or_exit() -> None:
+    """torch's import (seconds) under a Ctrl-C that ends the process with one line: raised as KeyboardInterrupt
+    there, it can be swallowed by the libraries being imported (the run would then train on, the Ctrl-C lost)
+    or leave one half-imported. Nothing is written before it, so there is nothing to save."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        import torch  # noqa: F401
+        return
+
+    def interrupted(signum, frame):
+        print("error: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+
+    before = signal.signal(signal.SIGINT, interrupted)
+    try:
+        import torch  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _one_line(e: BaseException) -> str:

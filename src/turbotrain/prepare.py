@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
 from turbotrain import contract
@@ -27,7 +28,7 @@ from turbotrain.config import Config, config_from_dict, to_toml
 from turbotrain.data.datasets import map_dict_items
 from turbotrain.data.loader import Batches, StepSampler, build_dataset
 from turbotrain.distributed import meta_init
-from turbotrain.distributed.env import DistEnv, init_distributed
+from turbotrain.distributed.env import DistEnv, all_mean, init_distributed
 from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_strategy
 from turbotrain.errors import UserError
 from turbotrain.log import say
@@ -98,6 +99,27 @@ class Run:
                     break
             raise
 
+    def nonfinite_weights(self) -> str | None:
+        """Which parameter holds NaN/inf (e.g. "e.g. fc.weight"), or None when every rank's are finite. A NaN
+        gradient can reach the weights while the loss stays finite (a branch the forward does not take), so the
+        loss and the gradient norm alone do not vouch for what a checkpoint would hold. A norm per tensor, a sync."""
+        named = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in self.trainee.model.named_parameters()]
+        named = [(n, p.detach()) for n, p in named if p.numel() and p.is_floating_point()]
+        try:
+            norms = torch.stack(torch._foreach_norm([p for _, p in named])).float() if named else None
+        except (RuntimeError, NotImplementedError):  # a weight subclass (FP8's) without the multi-tensor kernel
+            norms = torch.stack([p.norm().float() for _, p in named])
+        bad = [] if norms is None else [n for (n, _), ok in zip(named, torch.isfinite(norms).tolist()) if not ok]
+        if all_mean([float(bool(bad))], self.trainee.device)[0] == 0:
+            return None
+        return f"e.g. {bad[0]}" if bad else "on another rank"
+
+    def refuse_nonfinite_weights(self, step: int) -> None:
+        if (bad := self.nonfinite_weights()) is not None:
+            raise UserError(f"the model's weights hold NaN/inf after step {step} ({bad}), though the loss stayed "
+                            "finite: the end checkpoint and final/ are not written (earlier checkpoints are kept); "
+                            "keep train.grad_clip on, lower train.lr, or find the op with a NaN gradient")
+
     def save_checkpoint(self, step: int, wait: bool = True) -> list[tuple[int, Path]]:
         """The checkpoints (step, folder) this call put on disk, oldest first: an async save still in flight is
         sealed first; this one too unless wait=False and checkpoint.async_save (written in the background,
@@ -131,14 +153,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
     names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
-    given = [k for k, v in (("model", model), ("train_data", train_data), ("val_data", val_data),
-                            ("loss_fn", loss_fn)) if v is not None]  # config.toml cannot rebuild these
-    if isinstance(loss_fn, type):
-        raise UserError(f"train(loss_fn=...): {loss_fn.__name__} is a class; pass an instance "
-                        f"({loss_fn.__name__}()) or a function fn(outputs, targets)")
-    if loss_fn is not None and cfg.train.loss == "model":
-        raise UserError("train(loss_fn=...) was given while train.loss = \"model\" says the model computes its own "
-                        "loss: drop one of the two")
+    given = _given(cfg, model=model, train_data=train_data, val_data=val_data, loss_fn=loss_fn)
     host = meta_init.HostPeak()
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
@@ -166,11 +181,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
                               cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
         # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
         sample = contract.first_batch(train_ds, torch.device("cpu"), names, micro=cfg.data.batch_size)
-        classes = None  # the labels' classes the first batch's cross-entropy saw: later batches are held to them
-        if not meta_init.is_meta(model):  # a meta model runs its forward once materialised (below)
-            classes = contract.check_model_data(model, sample, loss_fn, names)
-        else:  # the sizes a built-in model declares, before shapes that do not fit reach the FLOP count
-            contract.check_declared(model, sample[0], names)
+        classes = _check_first_batch(model, sample, loss_fn, names)
         _check_val_items(val_ds, val_data is not None, sample, names, cfg, dp_world)
     cost = _step_cost(model, sample, loss_fn, cfg, device, dp_world)
     shapes, n_params = param_shapes(model), sum(p.numel() for p in model.parameters())
@@ -186,14 +197,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         cfg = _measured_attention(cfg, trainee, sample)
         start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
         if env.is_main and not probe:
-            fresh = start_step == 0 or ckpt.from_elsewhere  # another run's checkpoint starts this one anew here
-            if fresh and (moved := rundir.set_aside()):
-                say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
-            note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not "
-                    "rebuild them\n" if given else "")
-            write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
-            if start_step and not fresh:
-                rundir.trim_metrics(start_step)
+            _start_files(rundir, cfg, start_step, ckpt.from_elsewhere, given)
         sampler.start_step, sampler.seed = start_step, cfg.run.seed
         batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                           cfg.memory.channels_last, who=names.data, first=sample)
@@ -203,6 +207,43 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     return Run(cfg=cfg, env=env, rundir=rundir, trainee=trainee, batches=batches, val_ds=val_ds, ckpt=ckpt,
                start_step=start_step, cost=cost, info=info, compile_cache=compile_cache, shapes=shapes,
                names=names, classes=classes)
+
+
+def _given(cfg: Config, **objects) -> list[str]:
+    """Which of train()'s model, train_data, val_data, loss_fn were passed (config.toml cannot rebuild them),
+    once they are known not to contradict the config."""
+    loss_fn = objects["loss_fn"]
+    if isinstance(loss_fn, type):
+        raise UserError(f"train(loss_fn=...): {loss_fn.__name__} is a class; pass an instance "
+                        f"({loss_fn.__name__}()) or a function fn(outputs, targets)")
+    if loss_fn is not None and cfg.train.loss == "model":
+        raise UserError("train(loss_fn=...) was given while train.loss = \"model\" says the model computes its own "
+                        "loss: drop one of the two")
+    return [k for k, v in objects.items() if v is not None]
+
+
+def _check_first_batch(model: nn.Module, sample: tuple, loss_fn: LossFn | None, names: contract.Names) -> int | None:
+    """The user's code against the contract on the first batch (the labels' classes it saw, which later
+    batches are held to); a meta model runs its forward once materialised (_build_checked), and here only the
+    sizes a built-in model declares are checked, before shapes that do not fit reach the FLOP count."""
+    if not meta_init.is_meta(model):
+        return contract.check_model_data(model, sample, loss_fn, names)
+    contract.check_declared(model, sample[0], names)
+    return None
+
+
+def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: bool, given: list[str]) -> None:
+    """The run directory's files at the start: an earlier run set aside whole unless this run continues it (a
+    fresh start, or a resume from another run's checkpoint, starts anew here), config.toml, the metrics trimmed
+    to the step resumed from."""
+    fresh = start_step == 0 or from_elsewhere
+    if fresh and (moved := rundir.set_aside()):
+        say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
+    note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not rebuild "
+            "them\n" if given else "")
+    write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
+    if start_step and not fresh:
+        rundir.trim_metrics(start_step)
 
 
 @contextlib.contextmanager

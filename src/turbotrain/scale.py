@@ -120,19 +120,7 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
                     say(f"scale: {strategy} on {n} {unit} failed ({errors[n]}); log: {out / f'{name}.log'}")
                     continue
                 runs[n].append(res)
-        base = None
-        for n, done in runs.items():
-            if n in errors:
-                rows.append({"world_size": n, "strategy": strategy, "error": errors[n]})
-                continue
-            row = _row(strategy, n, done)
-            base = row["samples_per_s_per_device"] if n == 1 else base
-            # CPU processes share the host's cores: their ratio is no efficiency, and the GPU targets do not apply
-            row["efficiency"] = row["samples_per_s_per_device"] / base if base and on_gpu else None
-            row["target"] = row["target"] if on_gpu else None
-            row["below_target"] = bool(row["target"] and row["efficiency"] is not None
-                                       and row["efficiency"] < row["target"])
-            rows.append(row)
+        rows += _strategy_rows(strategy, runs, errors, on_gpu)
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
     result = {"config": config or "gpt-shakespeare", "overrides": overrides, "weak_scaling": True,
               "performance_figure": on_gpu,
@@ -145,6 +133,24 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
         raise UserError(f"scale: no world size ran to the end ({first['strategy']} on {first['world_size']}: "
                         f"{first['error']}); every row is in {out / 'scale.md'}, each run's output in its .log there")
     return result
+
+
+def _strategy_rows(strategy: str, runs: dict[int, list[dict]], errors: dict[int, str], on_gpu: bool) -> list[dict]:
+    """A strategy's rows, one per world size, with the efficiency against its world size 1."""
+    rows, base = [], None
+    for n, done in runs.items():
+        if n in errors:
+            rows.append({"world_size": n, "strategy": strategy, "error": errors[n]})
+            continue
+        row = _row(strategy, n, done)
+        base = row["samples_per_s_per_device"] if n == 1 else base
+        # CPU processes share the host's cores: their ratio is no efficiency, and the GPU targets do not apply
+        row["efficiency"] = row["samples_per_s_per_device"] / base if base and on_gpu else None
+        row["target"] = row["target"] if on_gpu else None
+        row["below_target"] = bool(row["target"] and row["efficiency"] is not None
+                                   and row["efficiency"] < row["target"])
+        rows.append(row)
+    return rows
 
 
 def _row(strategy: str, n: int, runs: list[dict]) -> dict:

@@ -15,9 +15,7 @@ import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset
 
 from turbotrain.accel.attention import attention_backend
@@ -25,7 +23,6 @@ from turbotrain.accel.compile import compile_stats
 from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.distributed.env import DistEnv, all_mean, shutdown
-from turbotrain.errors import UserError
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor.run_monitor import RunMonitor
@@ -74,10 +71,8 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         raise SystemExit(128 + e.signum)
     finally:
         monitor.close()
-    if (run.cfg.checkpoint.every or run.cfg.checkpoint.final) and (bad := _nonfinite_weights(run)) is not None:
-        raise UserError(f"the model's weights hold NaN/inf after step {done} ({bad}), though the loss stayed finite: "
-                        "the end checkpoint and final/ are not written (earlier checkpoints are kept); keep "
-                        "train.grad_clip on, lower train.lr, or find the op with a NaN gradient")
+    if run.cfg.checkpoint.every or run.cfg.checkpoint.final:
+        run.refuse_nonfinite_weights(done)  # a loss can stay finite over NaN weights: never saved
     if run.cfg.checkpoint.every:
         _save(run, hooks, done)
     if run.cfg.checkpoint.final:
@@ -170,27 +165,10 @@ def _finite(run: Run, loss, grad_norm) -> bool:
     """A checkpoint of NaN weights would poison every resume: skip the save on a non-finite step
     (decided together, so every rank saves or none does)."""
     bad = not math.isfinite(loss.item()) or (grad_norm is not None and not math.isfinite(grad_norm.item()))
-    ok = all_mean([float(bad)], run.trainee.device)[0] == 0 and _nonfinite_weights(run) is None
+    ok = all_mean([float(bad)], run.trainee.device)[0] == 0 and run.nonfinite_weights() is None
     if not ok:
         say("warning: non-finite loss, gradients or weights at a checkpoint step; checkpoint skipped")
     return ok
-
-
-def _nonfinite_weights(run: Run) -> str | None:
-    """Which parameter holds NaN/inf (e.g. "fc.weight"), or None when every rank's are finite. A NaN gradient
-    can reach the weights while the loss stays finite (a branch the forward does not take), so the loss and
-    the gradient norm alone do not vouch for what a checkpoint would hold. One norm per tensor, one sync."""
-    named = [(n, p.to_local() if isinstance(p, DTensor) else p) for n, p in run.trainee.model.named_parameters()]
-    named = [(n, p) for n, p in named if p.numel() and p.is_floating_point()]
-    tensors = [p.detach() for _, p in named]
-    try:
-        norms = torch.stack(torch._foreach_norm(tensors)).float() if named else None
-    except (RuntimeError, NotImplementedError):  # a weight subclass (FP8's) without the multi-tensor kernel
-        norms = torch.stack([t.norm().float() for t in tensors])
-    bad_here = [] if norms is None else [n for (n, _), ok in zip(named, torch.isfinite(norms).tolist()) if not ok]
-    if all_mean([float(bool(bad_here))], run.trainee.device)[0] == 0:
-        return None
-    return f"e.g. {bad_here[0]}" if bad_here else "on another rank"
 
 
 def _agreed_stop(stop: StopRequest, run: Run, check: bool) -> bool:

@@ -45,3 +45,24 @@ def test_logged_lr_is_the_steps_own(tmp_path, capsys):
     assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.warmup_steps=2",
                  "train.schedule=\"constant\""]) == 0
     assert [r["lr"] for r in rows(tmp_path / "fault")] == pytest.approx([0.005, 0.01, 0.01, 0.01])
+
+
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line(tmp_path):
+    """While torch is imported a Ctrl-C used to be a traceback, or swallowed by the import (the run then trained
+    on to exit 0); from the first step on the run saves and stops as documented."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.faults.common import subprocess_env
+
+    for delay in (0.2, 0.5, 1.0, 2.0):
+        p = subprocess.Popen([sys.executable, "-m", "turbotrain", "train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}",
+                              "train.steps=100000", f"run.name=sig{delay}"], env=subprocess_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 130 and "Traceback" not in err, (delay, p.returncode, err[-2000:])
+        assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) <= 1, err
