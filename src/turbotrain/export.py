@@ -33,6 +33,7 @@ from turbotrain.errors import UserError
 from turbotrain.files import sha256
 from turbotrain.log import say
 from turbotrain.models.structure import model_class_name
+from turbotrain.rundir import RunDir
 
 FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
 
@@ -400,13 +401,9 @@ def _hold_lock(root: Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return fd
     except BlockingIOError:
-        try:
-            holder = os.read(fd, 256).decode(errors="replace").split()  # "pid host", written by the run
-        except OSError:
-            holder = []
         os.close(fd)
-        who = f" (pid {holder[0]}{' on ' + holder[1] if len(holder) > 1 else ''})" if holder else ""
-        raise UserError(f"{root} is still training{who}; export it when it finishes, or copy it first") from None
+        raise UserError(f"{root} is still training{RunDir.lock_holder(root)}; export it when it finishes, or copy it "
+                        "first") from None
     except OSError:
         os.close(fd)
         return None

@@ -29,7 +29,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -50,6 +49,7 @@ from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare
+from turbotrain.report import refuse_links
 from turbotrain.rundir import RunDir, write_run_file
 from turbotrain.step import first_train_step, train_step
 from turbotrain.workload import peak_mem_gib, resolve_device, sync
@@ -421,27 +421,14 @@ def _refuse_live_run(run_dir: Path) -> None:
     held = RunDir.lock_held(run_dir)
     if held is None:
         say(f"profile: cannot tell whether a run holds {run_dir} (its lock is unreadable); profiling anyway")
-    if not held:
-        return
-    holder = ""
-    try:  # the holder wrote "PID HOST" into the lock; read without following a link or blocking on a FIFO
-        fd = os.open(run_dir / ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd) as f:
-            pid, host = (f.read(300).split() + ["", ""])[:2]
-        if pid.isdigit():
-            holder = f" (pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") + ")"
-    except (OSError, ValueError):
-        pass
-    raise UserError(f"{run_dir} is training now{holder}: profile under another run.name")
+    if held:
+        raise UserError(f"{run_dir} is training now{RunDir.lock_holder(run_dir)}: profile under another run.name")
 
 
 def _refuse_links(out: Path, suffix: str = "") -> None:
     """Nothing is written through a symbolic link in a run directory: not the profile folder, not its files."""
-    names = ("", f"trace{suffix}.json.gz", "report.json", "report.md", f"memory_snapshot{suffix}.pickle")
-    for p in (out / n if n else out for n in names):
-        if p.is_symlink():
-            raise UserError(f"{p} is a symbolic link; turbotrain does not write through links in a run directory: "
-                            "remove it or choose another run.name")
+    refuse_links([out / n for n in (f"trace{suffix}.json.gz", "report.json", "report.md",
+                                    f"memory_snapshot{suffix}.pickle")], folders=[out])
 
 
 @contextlib.contextmanager

@@ -195,6 +195,20 @@ class RunDir:
         finally:
             os.close(fd)
 
+    @staticmethod
+    def lock_holder(path: Path) -> str:
+        """" (pid N on HOST)" of the run holding the lock of `path`, as it wrote itself there, or "" (unreadable).
+        Read without following a link or blocking on a FIFO."""
+        try:
+            fd = os.open(path / ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd) as f:
+                pid, host = (f.read(300).split() + ["", ""])[:2]
+        except (OSError, ValueError):
+            return ""
+        if not pid.isdigit():
+            return ""
+        return f" (pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "") + ")"
+
     def holds_earlier_run(self) -> bool:
         return any((self.path / name).exists() for name in RUN_FILES)
 
