@@ -407,6 +407,12 @@ def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:
         tr.sched.base_lrs = [t.lr] * len(groups)
         for g, lam in zip(groups, tr.sched.lr_lambdas):
             g["initial_lr"], g["lr"] = t.lr, t.lr * lam(tr.sched.last_epoch)
+    else:  # a schedule of another shape (train.steps raised, warmup or schedule changed) moves the LR here
+        was, now = groups[0]["lr"], old_lr * tr.sched.lr_lambdas[0](tr.sched.last_epoch)
+        if not math.isclose(was, now, rel_tol=1e-9):
+            changed.append(f"LR schedule (train.steps, warmup_steps or schedule: lr {was:.4g} → {now:.4g} here)")
+            for g, lam in zip(groups, tr.sched.lr_lambdas):
+                g["lr"] = g["initial_lr"] * lam(tr.sched.last_epoch)
     old_wd = groups[0]["weight_decay"]  # accel.optim: group 0 holds the decayed matrices, group 1 no decay
     if not math.isclose(old_wd, t.weight_decay, rel_tol=1e-12):
         changed.append(f"train.weight_decay ({old_wd:g} → {t.weight_decay:g})")

@@ -106,7 +106,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         is_log = done % t.log_every == 0 or done == t.steps
         is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
         micro = [next(run.batches) for _ in range(t.grad_accum)]  # fetch (prefetched asynchronously)
-        lr = tr.sched.get_last_lr()[0]  # this step's: the step advances the schedule
+        lr = tr.opt.param_groups[0]["lr"]  # what this step uses (the step then advances the schedule)
         if step == run.start_step:  # compile happens here (a compiler error falls back to eager), shapes fail here
             with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext(), \
                     run.blame_batch(micro, done):
@@ -120,7 +120,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         hooks.call("on_step_end", done)  # host values only: no sync
         if is_log or is_eval:
             with run.blame_batch(micro, done):  # a NaN stop on a batch holding NaN says so
-                row = monitor.measure(done, loss, grad_norm, lr, run.batches.wait_s)  # sync point
+                row = monitor.measure(done, loss, grad_norm, float(lr), run.batches.wait_s)  # sync point
             if is_eval:
                 try:
                     row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, metrics))

@@ -58,11 +58,25 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line(tmp_path):
     from tests.faults.common import subprocess_env
 
     for delay in (0.2, 0.5, 1.0, 2.0):
-        p = subprocess.Popen([sys.executable, "-m", "turbotrain", "train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}",
-                              "train.steps=100000", f"run.name=sig{delay}"], env=subprocess_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        argv = [sys.executable, "-m", "turbotrain", "train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}",
+                "train.steps=100000", f"run.name=sig{delay}"]
+        p = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=240)
         assert p.returncode == 130 and "Traceback" not in err, (delay, p.returncode, err[-2000:])
         assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) <= 1, err
+
+
+def test_a_longer_schedule_on_resume_is_applied_and_said(tmp_path, capsys):
+    """Raising train.steps on a cosine run reshapes its schedule: the resumed steps use the new schedule's LR
+    at once (as a run of that length from the start), and the resume line says so."""
+    base = ["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.warmup_steps=2", "checkpoint.every=3"]
+    assert main([*base, "train.steps=6"]) == 0
+    capsys.readouterr()
+    assert main([*base, "train.steps=12"]) == 0
+    assert "applied the new LR schedule" in capsys.readouterr().out
+    assert main([*base, "train.steps=12", "run.name=ref"]) == 0
+    resumed = {r["step"]: r["lr"] for r in rows(tmp_path / "fault")}
+    ref = {r["step"]: r["lr"] for r in rows(tmp_path / "ref")}
+    assert [resumed[s] for s in range(7, 13)] == pytest.approx([ref[s] for s in range(7, 13)], rel=1e-12)
