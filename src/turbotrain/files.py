@@ -1,8 +1,7 @@
-"""File helpers shared by data fetching, checkpoints and the reports of bench/profile/scale."""
+"""File helpers: checksums, folders made with one-line errors, turbotrain's cache folder."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -32,10 +31,3 @@ def make_dir(path: Path) -> Path:
         raise UserError(f"cannot create the folder {path} ({e.strerror or e}); check run.out_dir and run.name") \
             from None
     return path
-
-
-def write_report(folder: Path, stem: str, data: dict, markdown: str) -> None:
-    """{stem}.json and {stem}.md side by side, and the markdown on the console."""
-    (folder / f"{stem}.json").write_text(json.dumps(data, indent=2))
-    (folder / f"{stem}.md").write_text(markdown + "\n")
-    print(markdown)
