@@ -58,6 +58,8 @@ CASES = [
                                            f'data.name="{R}float_classes"', "data.args={}",
                                            'train.loss="cross_entropy"'],
      ["attribute num_classes = 3.0", "model.args.num_classes", "positive integer"]),
+    ("dataset-len-past-any-epoch", [f'data.name="{R}huge_len"', "data.args={}"], ["1,000,000,000,000 items",
+                                                                                  "check its __len__"]),
     ("webhook-url-bad-ipv6", ['monitor.webhook_url="http://[::1/hook"'], ["monitor.webhook_url", "IPv6"]),
     ("webhook-url-space", ['monitor.webhook_url="http://exa mple.com/"'], ["monitor.webhook_url", "whitespace"]),
     ("loss-spike-factor-below-one", ["monitor.loss_spike_factor=0.5"], ["loss_spike_factor = 0.5", "> 1"]),

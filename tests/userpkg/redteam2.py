@@ -270,3 +270,12 @@ class EvalNaN(nn.Module):
 
 def eval_nan():
     return EvalNaN()
+
+
+class HugeLen(Classes):
+    def __len__(self):
+        return 10**12
+
+
+def huge_len(split):
+    return HugeLen(64, 64, 0)

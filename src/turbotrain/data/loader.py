@@ -24,6 +24,7 @@ Auto = Literal["auto"]
 
 
 MAX_WORKERS = 256  # DataLoader processes per rank
+MAX_ITEMS = 2**32  # items of a dataset (the sampler's permutation of them is 32 GiB at this size)
 MAX_PREFETCH = 256  # batches each worker loads ahead
 
 
@@ -90,6 +91,9 @@ class StepSampler:
                 f"data: the dataset has {n} samples, fewer than one global batch of {self.global_batch} "
                 f"(batch_size {micro} x grad_accum {accum} x world {world}); lower data.batch_size"
             )
+        if n > MAX_ITEMS:  # each epoch's order is a permutation of every index, 8 bytes each, held on the host
+            raise UserError(f"data: the dataset says it has {n:,} items (len()), more than the {MAX_ITEMS:,} whose "
+                            f"order an epoch can hold ({8 * n / 2**30:,.0f} GiB); check its __len__")
         self.steps_per_epoch = n // self.global_batch
         self._perm: tuple[int, torch.Tensor] | None = None
 
