@@ -212,3 +212,12 @@ def test_dataset_blocking_on_its_first_item_is_a_hang(tmp_path):
     assert r.returncode == 1, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("[turbotrain] hung:") and "first items of data.name" in last, last
+
+
+def test_every_metric_name_a_run_writes_is_reserved(tmp_path, capsys):
+    """ROW_NAMES is what a callback's extra metrics may not take: every name the monitor writes must be in it."""
+    from turbotrain.monitor.run_monitor import ROW_NAMES
+
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}"]) == 0
+    written = {k for r in rows(tmp_path / "fault") for k in r if not k.startswith("val_")}
+    assert written and written <= ROW_NAMES, written - ROW_NAMES
