@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from turbotrain.errors import UserError
-from turbotrain.files import sha256
+from turbotrain.files import room_left, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import unwrap
 
@@ -561,13 +561,10 @@ class Checkpointer:
                 reason = inner.strerror + (f" [{errno.errorcode.get(inner.errno, inner.errno)}]" if inner.errno else "")
             else:
                 reason = f"{type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:120]}"
-        try:
-            where = self.dir if self.dir.exists() else self.dir.parent
-            free = f"; {shutil.disk_usage(where).free / 2**20:.0f} MiB free there"
-        except OSError:
-            free = ""
-        return (f"checkpoint: cannot write {tmp} ({reason}{free}); the earlier checkpoints are kept: free space on "
-                f"that disk, set run.out_dir to another disk, or lower checkpoint.keep")
+        free = room_left(self.dir)
+        return (f"checkpoint: cannot write {tmp} ({reason}{free}); the earlier checkpoints are kept: free "
+                f"{'files' if 'inodes' in free else 'space'} on that disk, set run.out_dir to another disk, or lower "
+                "checkpoint.keep")
 
     def _check_inside(self, *step_dirs: Path) -> None:
         """Checkpoints are written only inside the run dir: a `checkpoints` folder or step folder that is a

@@ -31,3 +31,16 @@ def make_dir(path: Path) -> Path:
         raise UserError(f"cannot create the folder {path} ({e.strerror or e}); check run.out_dir and run.name") \
             from None
     return path
+
+
+def room_left(path: Path) -> str:
+    """"; N MiB free there" for the disk holding `path` (or its nearest existing folder), with "but no free
+    inodes" when files, not bytes, ran out (ENOSPC says the same for both); "" when it cannot be read."""
+    try:
+        where = next(p for p in (path, *path.parents) if p.exists())
+        st = os.statvfs(where)
+    except (OSError, StopIteration, AttributeError):
+        return ""
+    inodes = " but no free inodes (too many files)" if st.f_files and not st.f_favail else ""
+    return f"; {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free there{inodes}"
+

@@ -151,8 +151,9 @@ class RunDir:
         try:
             fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:  # a folder, a link or an unwritable directory where the lock goes
-            raise UserError(f"cannot take the lock {self.path / '.lock'} ({e.strerror or e}); remove it or choose "
-                            "another run.name") from None
+            fix = ("set run.out_dir to a writable folder" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                   else "remove it or choose another run.name")
+            raise UserError(f"cannot take the lock {self.path / '.lock'} ({e.strerror or e}); {fix}") from None
         for attempt in range(4):  # `watch` and `report` hold a shared lock for an instant: not another run
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -80,3 +80,17 @@ def test_a_longer_schedule_on_resume_is_applied_and_said(tmp_path, capsys):
     resumed = {r["step"]: r["lr"] for r in rows(tmp_path / "fault")}
     ref = {r["step"]: r["lr"] for r in rows(tmp_path / "ref")}
     assert [resumed[s] for s in range(7, 13)] == pytest.approx([ref[s] for s in range(7, 13)], rel=1e-12)
+
+
+def test_a_disk_out_of_inodes_is_said_so(tmp_path, monkeypatch):
+    """ENOSPC is the same errno for no bytes and no inodes left: the message tells them apart."""
+    import os
+    from types import SimpleNamespace
+
+    from turbotrain.files import room_left
+
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_bavail=50 * 256, f_frsize=4096, f_files=12,
+                                                                 f_favail=0))
+    assert room_left(tmp_path / "missing" / "file") == "; 50 MiB free there but no free inodes (too many files)"
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_bavail=0, f_frsize=4096, f_files=12, f_favail=3))
+    assert room_left(tmp_path) == "; 0 MiB free there"

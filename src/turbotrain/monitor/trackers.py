@@ -18,13 +18,13 @@ import io
 import json
 import math
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Protocol
 
 from turbotrain.errors import UserError
+from turbotrain.files import room_left
 from turbotrain.log import say
 
 BUILTIN = ("jsonl", "tensorboard", "csv", "wandb", "mlflow")
@@ -50,12 +50,9 @@ def write_error(what: str, path: Path, e: OSError, kept: str = "the rows logged 
     reason = e.strerror or type(e).__name__
     if e.errno in errno.errorcode:
         reason += f" [{errno.errorcode[e.errno]}]"
-    free = ""
-    with contextlib.suppress(OSError, StopIteration):
-        where = next(p for p in (path, *path.parents) if p.exists())  # the file, else its nearest folder
-        free = f"; {shutil.disk_usage(where).free / 2**20:.0f} MiB free there"
+    free = room_left(path)
     if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        fix = "free space on that disk, or set run.out_dir to another disk"
+        fix = f"free {'files' if 'inodes' in free else 'space'} on that disk, or set run.out_dir to another disk"
     else:
         fix = "make it writable, or set run.out_dir to another disk"
     return UserError(f"{what}: cannot write {path} ({reason}{free}); {kept}: {fix}")
