@@ -28,7 +28,6 @@ from turbotrain.config import load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import run_progress, say
-from turbotrain.tune import _failure  # noqa: F401  how a row names a rank's own error (through bench.measured)
 
 TARGETS = {2: 0.85, 4: 0.80, 8: 0.75}  # the seed's efficiency targets by world size
 

@@ -20,7 +20,7 @@ def test_stray_words_are_refused(capsys):
 
 def test_scale_row_names_a_ranks_own_error(tmp_path):
     """A world size that fails shows the rank's one-line error in the table, not torchrun's crash summary."""
-    from turbotrain.scale import _failure
+    from turbotrain.tune import _failure
 
     log = tmp_path / "run.log"
     log.write_text("[turbotrain] model: 25.56M params\n"
