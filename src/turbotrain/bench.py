@@ -279,6 +279,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+MAX_REPEATS = 100  # a median needs a few runs; 10**6 is a typo that would run for days
+
+
+def check_repeats(repeats: int, least: int = 1, note: str = "") -> None:
+    """--repeats of bench, scale and tune: an integer from `least` (`note` says what it means) to MAX_REPEATS."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < least:
+        raise UserError(f"--repeats must be >= {least}{note}, not {repeats!r}")
+    if repeats > MAX_REPEATS:
+        raise UserError(f"--repeats must be at most {MAX_REPEATS} (runs per measurement), not {repeats}")
+
+
 def run_bench(config: str | None, overrides: list[str], variants: list[str] | None, repeats: int = 1,
               converge: bool = False, compare: list[str] = ()) -> dict:
     """Each variant (and comparator) as its own `turbotrain train` run, then bench.{json,md,png}. On SIGTERM or
@@ -299,6 +310,7 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
     from turbotrain.report import refuse_links
 
     refuse_under_torchrun("bench", "turbotrain bench ... (each variant trains as one process)")
+    check_repeats(repeats)
     cfg = load_config(config, overrides)
     on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     if converge and cfg.data.name == "synthetic":

@@ -30,6 +30,7 @@ import numpy as np
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.log import say_once
 from turbotrain.monitor.run_monitor import ROW_NAMES
 from turbotrain.plugins import call_factory, call_user, factory_label, load_object
 
@@ -113,7 +114,17 @@ class Hooks:
         """Each callback's `hook(state, *args)`; the state is only built when some callback has the hook."""
         fns = [(getattr(cb, hook), cb) for cb in self.callbacks if callable(getattr(cb, hook, None))]
         state = self.state(step, loss) if fns else None
-        return [call_user(fn, f"train.callbacks: {factory_label(type(cb))}.{hook}", state, *args) for fn, cb in fns]
+        out = []
+        for fn, cb in fns:
+            who, training = f"train.callbacks: {factory_label(type(cb))}.{hook}", self.model.training
+            out.append(call_user(fn, who, state, *args))
+            # a sampling hook's model.eval() would have the rest of the run train without dropout, on BatchNorm's
+            # running statistics; after on_train_end the model is the caller's to switch
+            if self.model.training != training and hook != "on_train_end":
+                self.model.train(training)
+                say_once(f"warning: {who} switched the model to {'eval' if training else 'train'} mode and left it "
+                         f"so; turbotrain switched it back (a hook that runs the model must restore its mode)")
+        return out
 
     def log(self, row: dict) -> None:
         """At a log step: the callbacks see the row and may add numbers to it (never overwrite a key)."""

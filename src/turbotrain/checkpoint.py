@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from turbotrain.errors import UserError
-from turbotrain.files import room_left, sha256
+from turbotrain.files import path_arg, room_left, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import unwrap
 
@@ -71,6 +71,8 @@ class CheckpointConfig:
             raise UserError(f"checkpoint.every = {self.every}: must be >= 0 (0 = off)")
         if self.keep < 1:
             raise UserError(f"checkpoint.keep = {self.keep}: must be >= 1")
+        if self.resume not in ("auto", "never"):
+            self.resume = str(path_arg("checkpoint.resume", self.resume))  # "~/runs/..." as a shell reads it
 
 
 class CorruptCheckpoint(Exception):
@@ -682,7 +684,8 @@ class Checkpointer:
             path, key = Path(self.cfg.resume), f"checkpoint.resume = {self.cfg.resume!r}"
             if not path.is_dir() or not (path / "meta.json").exists():  # a run's folder, say, or a typo
                 inside = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
-                what = "not a checkpoint folder (no meta.json)" if path.is_dir() else "no such folder"
+                what = ("not a checkpoint folder (no meta.json)" if path.is_dir() else
+                        "no such folder (a file is there)" if path.exists() else "no such folder")
                 example = inside[-1] if inside else "RUN/checkpoints/step-00001000"
                 raise UserError(f"{key}: {what}; name a checkpoint folder, e.g. {example}, or \"auto\" (the run's "
                                 f"latest)")

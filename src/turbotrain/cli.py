@@ -240,9 +240,8 @@ def _config(args: argparse.Namespace) -> None:
         return
     from turbotrain.resolve import effective_config
 
-    cfg = load_config(args.config, args.overrides)
     with contextlib.redirect_stdout(sys.stderr):  # stdout holds the TOML alone: `> my.toml` works
-        cfg = effective_config(cfg)
+        cfg = effective_config(load_config(args.config, args.overrides))
     print(to_toml(cfg), end="")
 
 
@@ -336,8 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         args.whole_process = argv is None  # the command is this process (tune's budget then counts its imports)
         rc = _run_reporting_errors(args)
     except KeyboardInterrupt:  # Ctrl-C before the run's own handling took over (while torch is imported, say)
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     if argv is None and "LOCAL_RANK" in os.environ:
         # A torchrun worker, its files saved and closed, leaves without interpreter teardown. Once FSDP2 is
         # imported, gloo's threads outlive destroy_process_group (torch keeps the group in C++) and are torn
@@ -348,6 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     return rc
+
+
+def _interrupted() -> int:
+    """A Ctrl-C handled: one line, exit 130. A KeyboardInterrupt that left code run by exec() (dataclasses build
+    their methods so, at import) marks itself unhandled inside CPython, which then ends the process by SIGINT at
+    exit all the same (-2, not 130); CPython clears that mark at the start of every exec() of a string."""
+    print("error: interrupted", file=sys.stderr)
+    exec("")
+    return 130
 
 
 def _import_torch_or_exit() -> None:
@@ -397,8 +404,7 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except Exception as e:  # out of memory (GPU or host) is the user's to fix: say how
         import torch
 

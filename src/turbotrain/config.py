@@ -28,6 +28,8 @@ from turbotrain.checkpoint import CheckpointConfig
 from turbotrain.data.loader import DataConfig
 from turbotrain.distributed.parallel import ParallelConfig
 from turbotrain.errors import UserError
+from turbotrain.files import path_arg
+from turbotrain.log import say
 from turbotrain.models import ModelConfig
 from turbotrain.monitor.run_monitor import MonitorConfig
 from turbotrain.rundir import RunConfig
@@ -159,7 +161,11 @@ def parse_value(text: str) -> Any:
     """A TOML literal (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`); anything else is taken as a bare string."""
     try:
         doc = tomllib.loads(f"v = {text}")
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as e:
+        if text[:1] in "\"'[{" and text:  # meant as a TOML string, list or table: as a bare string it would be
+            # used with its quotes or brackets in (a folder named "'/a" for a broken quote)
+            raise UserError(f"{show_value(text[:60])}: not a TOML value ({str(e).split(' (at')[0]}); close its "
+                            "quotes or brackets (in a shell, wrap the whole KEY=VALUE in single quotes)") from None
         return text
     except ValueError:  # tomllib's int() past Python's int-to-text limit: a traceback otherwise
         raise UserError(f"{show_value(text[:40])}...: an integer of more than {sys.get_int_max_str_digits()} digits; "
@@ -222,7 +228,7 @@ def config_path(source: str, base: Path | None = None) -> Path | None:
 
     A path is anything ending in .toml or holding a path separator, or an existing file; a relative one
     resolves against `base` (the folder of the file that extends it) or else the current directory."""
-    path = Path(source).expanduser()
+    path = path_arg("config", source)
     if base is not None and not path.is_absolute():
         path = base / path
     if source.endswith(".toml") or "/" in source or "\\" in source or path.is_file():
@@ -290,6 +296,8 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     except ValueError:  # tomllib's int() past Python's int-to-text limit: a traceback otherwise
         raise UserError(f"{where}: an integer of more than {sys.get_int_max_str_digits()} digits; "
                         "use a smaller number") from None
+    if not raw and path is not None:  # legitimately usable, but most likely not the file meant
+        say(f"warning: config {where}{via} sets nothing (empty, or comments only): every key takes its default")
     own = dict(raw)
     parent_name = raw.pop("extends", None)
     if parent_name is not None:  # a user TOML may start from a preset or another file: extends = "gpt-shakespeare"

@@ -189,6 +189,9 @@ def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
         raise UserError(f"{names.data}: a batch is {_describe(batch)}, not (inputs, targets) tensors")
     for part, t in zip(("inputs", "targets"), batch):
+        if t.is_meta:  # shapes without values: nothing to copy to the device or train on
+            raise UserError(f"{names.data}: the items' {part} are tensors on the meta device (a shape, no data); "
+                            f"return tensors that hold values (on the CPU)")
         if t.requires_grad:  # an autograd graph built once in the dataset: the second backward through it fails
             raise UserError(f"{names.data}: the items' {part} require grad (they hang on an autograd graph); "
                             f"return detached tensors (tensor.detach()) from the dataset")

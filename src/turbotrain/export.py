@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from turbotrain.errors import UserError
-from turbotrain.files import sha256
+from turbotrain.files import path_arg, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import model_class_name
 from turbotrain.rundir import RunDir
@@ -58,7 +58,8 @@ def _full_state(model: nn.Module) -> dict[str, torch.Tensor]:
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
         state = model.state_dict()
-    return {k.replace("_orig_mod.", ""): v.detach().to("cpu") for k, v in state.items()}
+    return {k.replace("_orig_mod.", ""): v.detach().to("cpu") if isinstance(v, torch.Tensor) else v  # extra state
+            for k, v in state.items()}
 
 
 def _tied_duplicates(model: nn.Module) -> dict[str, str]:
@@ -79,16 +80,23 @@ def save_weights(state: dict[str, torch.Tensor], tied: dict[str, str], path: Pat
     """`state` as one safetensors file, tied duplicates left out, any other shared storage copied apart."""
     from safetensors.torch import save_file
 
-    out, seen = {}, set()
+    out, seen, meta = {}, set(), {"format": "pt", "tied": json.dumps(tied)}
+    extra = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+    if extra:  # a module's get_extra_state(): safetensors holds tensors only, its metadata text
+        try:
+            meta["extra_state"] = json.dumps(extra)
+        except (TypeError, ValueError):
+            say(f"warning: {path.name} leaves out the model's extra state ({', '.join(sorted(extra)[:3])}): it is "
+                "not plain JSON data; the checkpoints keep it")
     for k, v in state.items():
-        if k in tied:
+        if k in tied or k in extra:
             continue
         v = v.contiguous()
         key = (v.untyped_storage().data_ptr(), v.storage_offset())
         out[k] = v.clone() if key in seen else v
         seen.add(key)
     try:
-        save_file(out, str(path), metadata={"format": "pt", "tied": json.dumps(tied)})
+        save_file(out, str(path), metadata=meta)
     except Exception as e:  # safetensors' own error type carries the write's I/O error (a full disk, no inodes)
         if type(e).__name__ != "SafetensorError":
             raise
@@ -125,9 +133,7 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
 
 def _final_dir(run_dir: str | os.PathLike) -> Path:
     """`run_dir/final`, or `run_dir` itself when it is a final/ (or exported safetensors) folder."""
-    root = Path(run_dir).expanduser()
-    if not root.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
+    root = _existing_dir(run_dir)
     for d in (root / FINAL, root):
         if (d / WEIGHTS).is_file():
             _check_final(d)
@@ -137,6 +143,19 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
         raise UserError(f"{run_dir}: {NOT_A_RUN}")
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
                     f"--format safetensors` writes one from its latest checkpoint")
+
+
+def _existing_dir(run_dir: str | os.PathLike) -> Path:
+    """`run_dir` as an existing folder's path (`~` expanded), or one UserError saying what it is instead."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise UserError(f"{run_dir!r}: expected the path of a run directory (a str or a Path), e.g. \"runs/NAME\"")
+    if not str(run_dir).strip():
+        raise UserError("RUN_DIR '': names no folder (an unset shell variable?); name a run's folder, e.g. runs/NAME")
+    root = path_arg("run_dir", run_dir)
+    if not root.is_dir():
+        raise UserError(f"{run_dir}: " + ("a file, not a run directory; name the run's folder, e.g. runs/NAME"
+                                          if root.exists() else "no such run directory"))
+    return root
 
 
 def _check_final(final: Path) -> None:
@@ -224,6 +243,7 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
     Usage: `model = turbotrain.load("runs/gpt-shakespeare"); logits = model(ids)`. An HF model comes as
     turbotrain's adapter: `.hf` is the `transformers` model (`.generate`, `.save_pretrained`). A run trained
     on a model passed in code: `turbotrain.load(run, model=MyModel())` loads the weights into that instance."""
+    target = _load_device(device)  # before the build: a device this machine lacks is refused at once
     final = _final_dir(run_dir)
     if model is None:
         model, _ = _build(final / "config.toml")
@@ -239,17 +259,33 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
         fix = "pass an instance of the model the run trained, built with the same arguments"
     _load_weights(model, final / WEIGHTS, into, fix)
     _for_inference(model)
+    return model.to(target).eval()
+
+
+def _load_device(device) -> torch.device:
+    """load()'s `device` (None: the GPU when there is one), one that this machine has."""
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model.to(device).eval()
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        d = torch.device(device)
+        ok = d.type != "cuda" or (d.index or 0) < torch.cuda.device_count()
+    except (RuntimeError, TypeError, ValueError):
+        d, ok = None, False
+    if not ok:
+        raise UserError(f"load(device={device!r}): not a device of this machine ({torch.cuda.device_count()} CUDA "
+                        f"GPU(s)); pass \"cpu\", \"cuda\", \"cuda:N\", or None for the GPU when there is one")
+    return d
 
 
 def _load_weights(model: nn.Module, weights: Path, into: str, fix: str) -> None:
     """`weights` into `model`, every tensor and shape matching (tied duplicates are tied by the model itself)."""
     from safetensors.torch import load_model
 
+    _materialise_lazy(model, weights, into, fix)
+    extra = any(not isinstance(v, torch.Tensor) for v in model.state_dict().values())
     try:
-        missing, unexpected = load_model(model, str(weights), strict=False)
+        missing, unexpected = (_load_with_extra_state(model, weights) if extra else
+                               load_model(model, str(weights), strict=False))
     except RuntimeError as e:  # a shape mismatch
         why = " ".join(str(e).split())[:200]
     else:
@@ -257,6 +293,41 @@ def _load_weights(model: nn.Module, weights: Path, into: str, fix: str) -> None:
             return
         why = f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
     raise UserError(f"{weights}: does not fit {into} ({why}); {fix}")
+
+
+def _load_with_extra_state(model: nn.Module, weights: Path) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) after loading a model whose state holds extra state (get_extra_state), which
+    safetensors' load_model cannot take: tied duplicates and the extra state come from the file's metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(weights), "pt") as f:
+        meta = f.metadata() or {}
+    state: dict = load_file(str(weights))
+    for dup, first in json.loads(meta.get("tied") or "{}").items():
+        if first in state:
+            state[dup] = state[first]
+    state.update(json.loads(meta.get("extra_state") or "{}"))
+    return model.load_state_dict(state, strict=False)
+
+
+def _materialise_lazy(model: nn.Module, weights: Path, into: str, fix: str) -> None:
+    """A model of lazy modules (nn.LazyLinear...) built afresh has no shapes until a forward: they come from
+    the saved tensors, as torch's load_state_dict gives them (safetensors' loader reads every tensor's
+    storage, which an uninitialised one has not)."""
+    from safetensors import safe_open
+    from torch.nn.parameter import is_lazy
+
+    lazy = {name: t for name, t in [*model.named_parameters(), *model.named_buffers()] if is_lazy(t)}
+    if not lazy:
+        return
+    with safe_open(str(weights), "pt") as f:
+        absent = sorted(set(lazy) - set(f.keys()))
+        if absent:
+            raise UserError(f"{weights}: does not fit {into} (missing {absent[:3]}); {fix}")
+        with torch.no_grad():
+            for name, t in lazy.items():
+                t.materialize(tuple(f.get_slice(name).get_shape()))
 
 
 def _for_inference(model: nn.Module) -> None:
@@ -346,11 +417,7 @@ def _holds_run_files(d: Path) -> bool:
 def _run_root(run_dir: str | os.PathLike) -> Path:
     """The run directory that `run_dir` names: RUN/final stands for RUN (its export goes to RUN/export/, never
     into final/); an exported folder (model.safetensors + config.toml) is taken as is."""
-    if not str(run_dir).strip():
-        raise UserError("RUN_DIR '': names no folder (an unset shell variable?); name a run's folder, e.g. runs/NAME")
-    root = Path(run_dir).expanduser()
-    if not root.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
+    root = _existing_dir(run_dir)
     if root.resolve().name == FINAL:
         root = root.resolve().parent
     if not (root / WEIGHTS).is_file() and not _holds_run_files(root):
@@ -367,7 +434,7 @@ def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> tuple[P
         raise UserError("--out '': names no folder (an unset shell variable?); give a folder, or leave --out out "
                         f"for {root / 'export' / fmt}")
     own = root.resolve() / "export"  # its last part unresolved: a link there into another run is refused below
-    dest = Path(out).expanduser() if out is not None else root / "export" / fmt
+    dest = path_arg("--out", out) if out is not None else root / "export" / fmt
     real = dest.resolve()
     if not real.is_relative_to(own):
         run = next((d for d in (real, *real.parents) if _is_run_dir(d)), None)
@@ -375,6 +442,8 @@ def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> tuple[P
             raise UserError(f"--out {dest}: cannot create the export inside the run directory {run} (it would "
                             f"overwrite or add to the run's config.toml, {FINAL}/ or checkpoints/); choose a folder "
                             f"outside every run directory, or leave --out out for {root / 'export' / fmt}")
+    if dest.is_symlink():  # the export is renamed into place: a rename onto a link fails, or replaces the link
+        raise UserError(f"--out {dest}: is a symbolic link; name the folder it points to ({real}) or a new one")
     replace = real == own / fmt
     if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not replace)):
         raise UserError(f"--out {dest}: already exists and is not an empty folder (an export there would overwrite "
@@ -426,10 +495,10 @@ def _build_cfg(root: Path):
 def _save_tokenizer(cfg, dest: Path) -> None:
     """The run's tokenizer.json (data.name = "text", data.args.tokens) beside the HF model, when there is one."""
     tokens = cfg.data.args.get("tokens") if cfg.data.name == "text" else None
-    if isinstance(tokens, str) and tokens.endswith(".json") and Path(tokens).expanduser().is_file():
+    if isinstance(tokens, str) and tokens.endswith(".json") and path_arg("data.args.tokens", tokens).is_file():
         from transformers import PreTrainedTokenizerFast
 
-        PreTrainedTokenizerFast(tokenizer_file=str(Path(tokens).expanduser())).save_pretrained(dest)
+        PreTrainedTokenizerFast(tokenizer_file=str(path_arg("data.args.tokens", tokens))).save_pretrained(dest)
 
 
 def _model_from_checkpoint(root: Path) -> tuple[nn.Module, object]:

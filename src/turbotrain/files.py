@@ -6,11 +6,24 @@ import os
 from pathlib import Path
 
 
+def path_arg(key: str, value: str | os.PathLike) -> Path:
+    """`value` as a Path with `~` expanded; a `~user` that names no account (or `~` without a home folder)
+    is one UserError naming `key`, where pathlib raises RuntimeError (and os.path would keep "~user" as a
+    folder name)."""
+    from turbotrain.errors import UserError
+
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise UserError(f"{key} = {str(value)!r}: {str(value).split('/')[0]!r} names no home folder here; write "
+                        "the path out in full") from None
+
+
 def cache_root() -> Path:
     """turbotrain's cache folder (datasets, text tokens, compile artifacts): $TURBOTRAIN_CACHE, absolute (a
     relative one is taken from the current folder, once: tools that change folder must not move it), or
     ~/.cache/turbotrain when unset or empty."""
-    return Path(os.environ.get("TURBOTRAIN_CACHE") or "~/.cache/turbotrain").expanduser().absolute()
+    return path_arg("TURBOTRAIN_CACHE", os.environ.get("TURBOTRAIN_CACHE") or "~/.cache/turbotrain").absolute()
 
 
 def sha256(path: Path) -> str:

@@ -8,7 +8,12 @@ _said: set[str] = set()
 
 
 def is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    """RANK as torchrun sets it; one that is not an integer is refused where the run starts (distributed.env)
+    with one error line, so a message said before that (a data fetch, `turbotrain config`) must not fail on it."""
+    try:
+        return int(os.environ.get("RANK", "0")) == 0
+    except ValueError:
+        return True
 
 
 def say(msg: str) -> None:

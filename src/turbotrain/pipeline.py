@@ -135,6 +135,14 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     """Techniques, then the optimizer over the parameters as trained (sharded ones under FSDP2), the LR
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
+    # the fp16 loss scaler unscales float32 master gradients: torch refuses float16 ones at the first step
+    if dtype == "fp16" and (half := next((n for n, p in model.named_parameters()
+                                          if p.requires_grad and p.dtype == torch.float16), None)):
+        raise UserError(f"precision.dtype = \"fp16\" keeps float32 weights and runs the matmuls in fp16 under "
+                        f"autocast, but the model's parameters are float16 (e.g. {half}): build the model in float32 "
+                        f"(no .half()), or set precision.dtype = \"fp32\" to train the float16 weights as they are")
+    if isinstance(loss_fn, nn.Module):  # its buffers (CrossEntropyLoss's class weights) meet the outputs' device
+        loss_fn.to(device)
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
                                                     cfg.parallel, cfg.run.seed, fp8=cfg.precision.fp8,
                                                     fp8_head=cfg.precision.fp8_head,

@@ -26,6 +26,16 @@ def load_object(spec: str, key: str) -> Any:
         module = importlib.import_module(mod_name)
     except ImportError as e:  # includes ModuleNotFoundError
         raise UserError(f"{key} = {spec!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    except (UserError, MemoryError):
+        raise
+    except SystemExit as e:  # else the run would end here with that code and not a word
+        raise UserError(f"{key} = {spec!r}: importing {mod_name!r} called sys.exit({e.code!r}){where(e)}; a module "
+                        "must not exit the process when imported (put that code under `if __name__ == "
+                        "\"__main__\":`)") from None
+    except Exception as e:  # a SyntaxError, or the module's own code failing as it is imported
+        text = " ".join(str(e).split())[:200] or "(no message)"
+        raise UserError(f"{key} = {spec!r}: importing {mod_name!r} raised {type(e).__name__}: {text}"
+                        f"{'' if isinstance(e, SyntaxError) else where(e)}; fix it there") from e  # it names its line
     _note_user_package(mod_name)
     try:
         obj = getattr(module, attr)

@@ -225,7 +225,16 @@ def _given(cfg: Config, **objects) -> list[str]:
 def _check_first_batch(model: nn.Module, sample: tuple, loss_fn: LossFn | None, names: contract.Names) -> int | None:
     """The user's code against the contract on the first batch (the labels' classes it saw, which later
     batches are held to); a meta model runs its forward once materialised (_build_checked), and here only the
-    sizes a built-in model declares are checked, before shapes that do not fit reach the FLOP count."""
+    sizes a built-in model declares are checked, before shapes that do not fit reach the FLOP count. A loss
+    module's own trainable parameters would never change: the optimizer and the checkpoints hold the model's
+    (a loss that holds the model itself, for a weight penalty, holds no parameters of its own)."""
+    own = {id(p) for p in model.parameters()}
+    trained = [n for n, p in loss_fn.named_parameters() if p.requires_grad and id(p) not in own] \
+        if isinstance(loss_fn, nn.Module) else []
+    if trained:
+        raise UserError(f"{names.loss} has trainable parameters ({', '.join(trained[:3])}), which turbotrain neither "
+                        "optimizes nor checkpoints (only the model's are); move them into the model, or freeze them "
+                        "with requires_grad_(False)")
     if not meta_init.is_meta(model):
         return contract.check_model_data(model, sample, loss_fn, names)
     contract.check_declared(model, sample[0], names)
@@ -268,8 +277,17 @@ def _say_model(cfg: Config, info: dict, n_params: int, trainee: Trainee, cost: S
 def _check_val_items(val_ds: Dataset | None, passed: bool, sample: tuple, names: contract.Names, cfg: Config,
                      dp_world: int) -> None:
     """Checked before any work: a val split unlike the train split would fail at the end of the run, and one
-    too small for a single evaluation batch per rank gives no val metrics (said now, not found at the end)."""
-    if val_ds is None or not cfg.data.eval_batches:
+    too small for a single evaluation batch per rank gives no val metrics (said now, not found at the end), as
+    do val_data or train.eval_metrics that no evaluation will use."""
+    off = ("data.eval_batches = 0 turns evaluation off" if not cfg.data.eval_batches else
+           "there is no validation data (train() given train_data takes val_data for it)" if val_ds is None
+           else "")
+    if val_ds is not None and passed and off:
+        say(f"warning: validation: the val_data passed to train() is not used: {off}; set data.eval_batches >= 1 "
+            "to evaluate on it")
+    if cfg.train.eval_metrics and off:
+        say(f"warning: validation: train.eval_metrics {cfg.train.eval_metrics} are never computed: {off}")
+    if off:
         return
     val_names = contract.Names(names.model, "the val_data passed to train()", names.loss) if passed else names
     if len(val_ds) < cfg.data.batch_size * dp_world:
@@ -315,7 +333,7 @@ def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strate
     data_args = args_from_data(cfg.model, data_meta(train_ds))
     meta = meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)
     model_cfg = replace(cfg.model, args={**data_args, **cfg.model.args})
-    _check_host_memory(model_cfg, world if meta else 1)
+    check_host_memory(model_cfg, world if meta else 1)
     with torch.random.fork_rng(devices=[]), meta_init.params_on_meta(meta):
         model = build_model(model_cfg)
     if not meta:
@@ -323,7 +341,7 @@ def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strate
     return model, data_args
 
 
-def _check_host_memory(model_cfg, shards: int) -> None:
+def check_host_memory(model_cfg, shards: int) -> None:
     """Refuse a built-in model whose fp32 parameters (a rank's share of them when it is built on the meta device
     and sharded) outgrow this host's available memory, before anything is allocated: a typo such as
     n_layer=100000 would otherwise swap the machine to a halt instead of failing."""
@@ -399,22 +417,25 @@ def data_identity(cfg: Config, samples: int) -> dict:
 
 def _apply_hyperparameters(tr: Trainee, cfg: Config) -> list[str]:
     """A resumed optimizer carries the checkpoint's lr and weight decay; the config may ask for others. Apply
-    the config's deliberately (the LR schedule continues from its position) and say which changed."""
+    the config's deliberately (the LR schedule continues from its position) and say which changed. A new lr
+    scales every group's by the same factor (a user optimizer's groups may hold lrs of their own); weight
+    decay is set where the optimizer has it."""
     t, groups, changed = cfg.train, tr.opt.param_groups, []
     old_lr = groups[0]["initial_lr"]  # the schedule's base LR (LambdaLR: lr = initial_lr x lambda(step))
-    if not math.isclose(old_lr, t.lr, rel_tol=1e-12):
+    if old_lr and not math.isclose(old_lr, t.lr, rel_tol=1e-12):
         changed.append(f"train.lr ({old_lr:g} → {t.lr:g})")
-        tr.sched.base_lrs = [t.lr] * len(groups)
         for g, lam in zip(groups, tr.sched.lr_lambdas):
-            g["initial_lr"], g["lr"] = t.lr, t.lr * lam(tr.sched.last_epoch)
+            g["initial_lr"] *= t.lr / old_lr
+            g["lr"] = g["initial_lr"] * lam(tr.sched.last_epoch)
+        tr.sched.base_lrs = [g["initial_lr"] for g in groups]
     else:  # a schedule of another shape (train.steps raised, warmup or schedule changed) moves the LR here
         was, now = groups[0]["lr"], old_lr * tr.sched.lr_lambdas[0](tr.sched.last_epoch)
         if not math.isclose(was, now, rel_tol=1e-9):
             changed.append(f"LR schedule (train.steps, warmup_steps or schedule: lr {was:.4g} → {now:.4g} here)")
             for g, lam in zip(groups, tr.sched.lr_lambdas):
                 g["lr"] = g["initial_lr"] * lam(tr.sched.last_epoch)
-    old_wd = groups[0]["weight_decay"]  # accel.optim: group 0 holds the decayed matrices, group 1 no decay
-    if not math.isclose(old_wd, t.weight_decay, rel_tol=1e-12):
+    old_wd = groups[0].get("weight_decay")  # accel.optim: group 0 holds the decayed matrices, group 1 no decay
+    if isinstance(old_wd, (int, float)) and not math.isclose(old_wd, t.weight_decay, rel_tol=1e-12):
         changed.append(f"train.weight_decay ({old_wd:g} → {t.weight_decay:g})")
         groups[0]["weight_decay"] = t.weight_decay
     return changed

@@ -398,8 +398,13 @@ def verdict(shares: dict, run: Run, memory: dict) -> tuple[str, list[dict]]:
     return kind, ranked
 
 
+MAX_ACTIVE = 200  # the profiler holds every event of the profiled steps in memory until the report
+
+
 def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) -> dict:
     """Profile `cfg`'s workload; writes {run_dir}/profile/{trace.json.gz, report.json, report.md}."""
+    if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= MAX_ACTIVE:
+        raise UserError(f"--active must be an integer from 1 to {MAX_ACTIVE} (profiled steps), not {active!r}")
     n_warm = 3 if cfg.compile.enabled else 1
     total = n_warm + wait + warmup + active
     cfg = replace(cfg, train=replace(cfg.train, steps=max(total, cfg.train.steps)),

@@ -113,9 +113,10 @@ def load_run(run_dir: str | Path) -> RunFiles:
     from turbotrain.rundir import RunDir
 
     path = Path(run_dir)
-    if not (path / "metrics.jsonl").is_file():
-        raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
     live = RunDir.lock_held(path) is True  # a running run's last line may be one being written, not a damaged one
+    if not (path / "metrics.jsonl").is_file():
+        _no_metrics(path, live)
+        return RunFiles(path, state="running")  # building the model, reading data: no step logged yet
     run = RunFiles(path)
     run.rows, run.metrics_unreadable = _jsonl(path / "metrics.jsonl", True, live=live)
     run.summary = _json(path, "summary.json", run.damaged)
@@ -123,6 +124,19 @@ def load_run(run_dir: str | Path) -> RunFiles:
     run.state = run_state(run)
     run.alerts, run.alerts_unreadable = _jsonl(path / "alerts.jsonl", True, live=run.state == "running")
     return run
+
+
+def _no_metrics(path: Path, live: bool) -> None:
+    """A folder without metrics.jsonl: a run that logged no step yet (its lock held: fine, there is nothing to
+    show yet), one that never logged a step, or no run directory at all: each said as what it is."""
+    if (path / "metrics.jsonl").exists():
+        raise UserError(f"{path / 'metrics.jsonl'} is not a regular file; move it aside")
+    if live:
+        return
+    if (path / "config.toml").is_file():
+        raise UserError(f"{path}: the run logged no step (no metrics.jsonl, no process holds it): it stopped before "
+                        "its first log step or never started; see its console output, or train it again")
+    raise UserError(f"{path}: no metrics.jsonl; expected a run directory ({{run.out_dir}}/{{run.name}})")
 
 
 def file_notes(run: RunFiles) -> list[str]:
@@ -160,6 +174,8 @@ def run_state(run: RunFiles) -> str:
 def describe_state(run: RunFiles) -> str:
     """The state in words, as watch's header and report's table say it."""
     if run.state == "running":
+        if not run.rows:
+            return "running (no step logged yet: building, reading data or in its first steps)"
         try:
             age = f" (last write {time.time() - (run.path / 'metrics.jsonl').stat().st_mtime:.0f} s ago)"
         except OSError:  # set aside by a fresh run since it was read

@@ -228,12 +228,13 @@ def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:
     if d.num_workers == "auto":  # leave a core to the training process; past ~8 the IPC costs more
         c.set("data", "num_workers", max(0, min(8, facts.cpus // max(1, facts.local_world_size) - 1)))
     workers = c.cfg.data.num_workers
-    if d.pin_memory == "auto":
-        c.set("data", "pin_memory", on_gpu)
+    if d.pin_memory == "auto" or not on_gpu:  # page-locked memory speeds host→GPU copies only
+        c.set("data", "pin_memory", on_gpu, "" if d.pin_memory == "auto" else "no GPU to copy batches to")
     if d.prefetch_factor == "auto":
         c.set("data", "prefetch_factor", 4)
-    if d.persistent_workers == "auto":
-        c.set("data", "persistent_workers", workers > 0)
+    if d.persistent_workers == "auto" or not workers:
+        c.set("data", "persistent_workers", workers > 0,
+              "" if d.persistent_workers == "auto" else "data.num_workers = 0: no worker processes to keep")
 
 
 def _resolve_optimizer(c: _Changes, on_gpu: bool) -> None:
@@ -306,6 +307,7 @@ def effective_config(cfg: Config) -> Config:
     from turbotrain.distributed.env import DistEnv
     from turbotrain.distributed.parallel import resolve_strategy
     from turbotrain.models import BUILTIN, build_model
+    from turbotrain.prepare import check_host_memory
     from turbotrain.workload import data_meta, resolve_device
 
     env = DistEnv.from_environ()
@@ -313,6 +315,9 @@ def effective_config(cfg: Config) -> Config:
     train_ds = build_dataset(cfg.data, "train")
     data_args = args_from_data(cfg.model, data_meta(train_ds))
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
-    with meta_init.params_on_meta(meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)):
-        model = build_model(replace(cfg.model, args={**data_args, **cfg.model.args}))  # as prepare builds it
+    meta = meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)
+    model_cfg = replace(cfg.model, args={**data_args, **cfg.model.args})
+    check_host_memory(model_cfg, env.world_size if meta else 1)  # a typo of a size must not swap the host
+    with meta_init.params_on_meta(meta):
+        model = build_model(model_cfg)  # as prepare builds it
     return resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turbotrain.errors import UserError
+from turbotrain.files import path_arg
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RunConfig:
             raise UserError('run.out_dir = "": must name a folder ("." for the current one)')
         if any(ord(c) < 32 or ord(c) == 127 for c in self.out_dir):
             raise UserError(f"run.out_dir = {self.out_dir!r}: must be a path without control characters")
+        self.out_dir = str(path_arg("run.out_dir", self.out_dir))  # "~/runs" is the home's, not a folder "~"
         if not 0 <= self.seed < 2**32:
             raise UserError(f"run.seed = {self.seed}: must be in 0 .. 2**32-1 (numpy's seed range)")
 
@@ -136,7 +138,12 @@ class RunDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UserError(f"run.out_dir: cannot create {self.path} ({e.strerror})") from None
+            fix = {errno.EEXIST: f"{self.path} is a file or a link, not a folder: move it aside or choose another "
+                                 f"run.name",
+                   errno.ENOTDIR: "a file in run.out_dir's path is in the way: choose another run.out_dir",
+                   errno.ENOSPC: "free space there or choose another run.out_dir"}.get(
+                e.errno, "set run.out_dir to a folder you can write")
+            raise UserError(f"run.out_dir: cannot create {self.path} ({e.strerror or e}); {fix}") from None
         for name in ("tb", "checkpoints", "final"):
             if (self.path / name).is_symlink():
                 raise UserError(f"{self.path / name} is a symbolic link; turbotrain does not write through links "

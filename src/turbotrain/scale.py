@@ -16,6 +16,7 @@ import torch
 from turbotrain.bench import (
     Interrupted,
     check_derived_names,
+    check_repeats,
     check_timed_steps,
     check_unique,
     interrupts,
@@ -59,8 +60,7 @@ def check_args(gpus: list[int], strategies: list[str], repeats: int) -> None:
         raise UserError(f"--strategies {unknown[0]}: unknown strategy; choose {', '.join(STRATEGIES)}")
     check_unique("--gpus", [str(n) for n in gpus])
     check_unique("--strategies", strategies)
-    if repeats < 1:
-        raise UserError(f"--repeats must be >= 1, not {repeats}")
+    check_repeats(repeats)
 
 
 def run_scale(config: str | None, overrides: list[str], gpus: list[int], strategies: list[str],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -122,8 +123,20 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
         tr.opt.__dict__.pop("grad_scale", None)  # a folded clip is this step's only
         tr.scaler.update()
         tr.opt.zero_grad(set_to_none=True)
-        tr.sched.step()
+        _schedule_step(tr)
     return loss_sum, grad_norm
+
+
+def _schedule_step(tr: Trainee) -> None:
+    """The LR schedule's step. Under fp16 the scaler skips an optimizer step whose gradients overflowed (the
+    first ones, while it finds its scale), and torch would warn on stderr of a misordered call: the schedule
+    moves on, as the scaler means it to."""
+    if not tr.scaler.is_enabled():
+        tr.sched.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        tr.sched.step()
 
 
 def first_train_step(tr: Trainee, micro_batches: list, clip: float):
@@ -185,7 +198,9 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
         return {}
     wl = tr.step_module.module if isinstance(tr.step_module, DDP) else tr.step_module  # eval needs no DDP
     net, loss_fn, metrics = getattr(wl, "model", None), getattr(wl, "loss_fn", None), metrics or {}
-    tr.model.eval()
+    with _users("model.eval()", "an override of train() must take nn.Module.train's `mode` (eval() calls "
+                "train(False))"):
+        tr.model.eval()
     sums = torch.zeros(3 + len(metrics), dtype=torch.float64, device=tr.device)  # loss, correct, total, metrics
     for idx in batches:
         with _users("reading a validation batch", "every val item is an (inputs, targets) pair like the train items"):

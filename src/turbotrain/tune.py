@@ -351,11 +351,12 @@ MAX_BUDGET_MIN = 7 * 24 * 60  # one week: nan fails every comparison; 1e308 minu
 
 def check_args(budget_min: float, repeats: int, nproc: int) -> None:
     """--budget-min, --repeats and --nproc, each named with its wrong value."""
+    from turbotrain.bench import check_repeats
+
     if not 0 < budget_min <= MAX_BUDGET_MIN:
         raise UserError(f"--budget-min must be a number of minutes > 0 (not inf or nan) and at most {MAX_BUDGET_MIN} "
                         f"(one week), not {budget_min:g}")
-    if repeats < 0:
-        raise UserError(f"--repeats must be >= 0 (0: the finalists are not re-run), not {repeats}")
+    check_repeats(repeats, least=0, note=" (0: the finalists are not re-run)")
     if nproc < 1:
         raise UserError(f"--nproc must be >= 1 (processes per trial), not {nproc}")
 

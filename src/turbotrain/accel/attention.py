@@ -61,6 +61,9 @@ def attention_backend(setting: str, device: torch.device) -> contextlib.Abstract
 
     if setting in ("default", "auto"):
         return contextlib.nullcontext()
+    if device.type != "cuda" and setting in ("cudnn", "efficient"):  # else the line below reads as if it ran
+        say(f"warning: kernels.attention = \"{setting}\" names a CUDA kernel; on {device.type} SDPA has its flash "
+            "and math kernels only, and runs those")
     chain = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     first = {"cudnn": 0, "flash": 1, "efficient": 2, "math": 3}[setting]
     enabled = chain[first:]

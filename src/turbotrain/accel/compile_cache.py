@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.accel.compile import CompileConfig
-from turbotrain.files import cache_root
+from turbotrain.files import cache_root, path_arg
 from turbotrain.log import say
 
 MAGIC = b"turbotrain-compile-cache 1\n"  # then the payload's sha256 (hex) and a newline, then the payload
@@ -76,7 +76,8 @@ def cache_folder(comp: CompileConfig, device: torch.device) -> Path | None:
     """<cache>/compile/<torch + device>, or None when compile.cache is off."""
     if not comp.cache:
         return None
-    return (Path(comp.cache_dir).expanduser() if comp.cache_dir else cache_root() / "compile") / device_key(device)
+    base = path_arg("compile.cache_dir", comp.cache_dir) if comp.cache_dir else cache_root() / "compile"
+    return base / device_key(device)
 
 
 def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -> CompileCache | None:

@@ -23,8 +23,11 @@ FP8_CAPABILITY = (8, 9)  # Ada (sm89) and Hopper (sm90) have FP8 tensor cores
 
 def require_torchao(recipe: str) -> None:
     """Refuse at config time, not mid-run, when torchao's float8 is not importable."""
+    from turbotrain.models.hf import quiet_torchao_import
+
     try:
-        import torchao.float8  # noqa: F401
+        with quiet_torchao_import():
+            import torchao.float8  # noqa: F401
     except ImportError as e:
         raise UserError(f"precision.fp8 = {recipe!r}: needs torchao ({e}); pip install turbotrain[fp8], "
                         f"or set precision.fp8 = 'off'") from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from torch.utils.data import Dataset
 from turbotrain.contract import choice_arg, float_arg, int_arg
 from turbotrain.data.fetch import checksums, fetch, file_sha256, read_idx, record_checksums, write_atomic
 from turbotrain.errors import UserError
-from turbotrain.log import say
+from turbotrain.log import say, say_once
 from turbotrain.plugins import call_user
 
 
@@ -185,35 +187,64 @@ def fashion_mnist(split: str) -> Pairs:
     return Pairs(x, torch.from_numpy(labels.astype(np.int64)), num_classes=10, in_channels=1)
 
 
-def synthetic(split: str, kind: str = "tokens", size: int = 1024, seq_len: int = 1024, vocab_size: int = 50304,
-              shape: tuple | list = (3, 224, 224), num_classes: int = 1000, in_features: int = 1024,
-              seed: int = 1234) -> TensorDataset:
-    """Random data for throughput work (reports mark it synthetic): `size` distinct samples of
-    tokens (LM windows), images (C, H, W) with labels, or vectors with labels."""
-    choice_arg("data.args.kind", kind, ("tokens", "images", "vectors"))
+SYNTHETIC_ARGS = {"tokens": {"seq_len": 1024, "vocab_size": 50304},  # each kind's own args, with their defaults
+                  "images": {"shape": (3, 224, 224), "num_classes": 1000},
+                  "vectors": {"in_features": 1024, "num_classes": 1000}}
+MAX_SEED = 2**62  # the val split seeds with seed + 1; torch's generator takes at most 2**64 - 1
+
+
+def synthetic(split: str, kind: str = "tokens", size: int = 1024, seed: int = 1234, **kind_args) -> TensorDataset:
+    """Random data for throughput work (reports mark it synthetic): `size` distinct samples of tokens (LM windows:
+    seq_len, vocab_size), images (shape [C, H, W], num_classes) with labels, or vectors (in_features,
+    num_classes) with labels."""
+    choice_arg("data.args.kind", kind, tuple(SYNTHETIC_ARGS))
     int_arg("data.args.size", size, 1)
-    int_arg("data.args.seed", seed, 0)
-    if kind == "tokens":
-        int_arg("data.args.seq_len", seq_len, 1)
-        int_arg("data.args.vocab_size", vocab_size, 1, 2**31 - 1)
-    else:
-        int_arg("data.args.num_classes", num_classes, 1)
-    if kind == "images" and (not isinstance(shape, (list, tuple)) or len(shape) != 3
-                             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)):
-        raise UserError(f"data.args.shape = {shape!r}: expected [channels, height, width], three integers >= 1")
-    if kind == "vectors":
-        int_arg("data.args.in_features", in_features, 1)
+    int_arg("data.args.seed", seed, 0, MAX_SEED)
+    known = {k for args in SYNTHETIC_ARGS.values() for k in args}
+    unknown = [k for k in kind_args if k not in known]
+    if unknown:
+        raise UserError(f"data.args: the synthetic data takes no argument {unknown[0]!r}; valid data.args: kind, "
+                        f"size, seed, {', '.join(sorted(known))}")
+    unused = [k for k in kind_args if k not in SYNTHETIC_ARGS[kind]]
+    if unused:  # a preset's args for another kind, or a typo of kind: said, as they shape nothing
+        say_once(f"warning: data.args.{' and data.args.'.join(unused)} not used: data.args.kind = {kind!r} takes "
+            f"{', '.join(SYNTHETIC_ARGS[kind])}")
+    a = {**SYNTHETIC_ARGS[kind], **{k: v for k, v in kind_args.items() if k in SYNTHETIC_ARGS[kind]}}
+    if "num_classes" in a:
+        int_arg("data.args.num_classes", a["num_classes"], 1)
     g = torch.Generator().manual_seed(seed + (0 if split == "train" else 1))
     if kind == "tokens":
-        toks = torch.randint(0, vocab_size, (size * seq_len + 1,), generator=g, dtype=torch.int32)
-        return TokenWindows(toks, seq_len, seq_len, vocab_size)
+        int_arg("data.args.seq_len", a["seq_len"], 1)
+        int_arg("data.args.vocab_size", a["vocab_size"], 1, 2**31 - 1)
+        _fits_host("size x seq_len int32 tokens", "seq_len", 4 * (size * a["seq_len"] + 1))
+        toks = torch.randint(0, a["vocab_size"], (size * a["seq_len"] + 1,), generator=g, dtype=torch.int32)
+        return TokenWindows(toks, a["seq_len"], a["seq_len"], a["vocab_size"])
     if kind == "images":
+        shape = a["shape"]
+        if not isinstance(shape, (list, tuple)) or len(shape) != 3 \
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+            raise UserError(f"data.args.shape = {shape!r}: expected [channels, height, width], three integers >= 1")
+        _fits_host("size x channels x height x width floats", "shape", 4 * size * math.prod(shape))
         x = torch.randn((size, *shape), generator=g)
-        return Pairs(x, torch.randint(0, num_classes, (size,), generator=g), num_classes=num_classes,
+        return Pairs(x, torch.randint(0, a["num_classes"], (size,), generator=g), num_classes=a["num_classes"],
                      in_channels=shape[0])
-    x = torch.randn((size, in_features), generator=g)
-    return Pairs(x, torch.randint(0, num_classes, (size,), generator=g), num_classes=num_classes,
-                 in_features=in_features)
+    int_arg("data.args.in_features", a["in_features"], 1)
+    _fits_host("size x in_features floats", "in_features", 4 * size * a["in_features"])
+    x = torch.randn((size, a["in_features"]), generator=g)
+    return Pairs(x, torch.randint(0, a["num_classes"], (size,), generator=g), num_classes=a["num_classes"],
+                 in_features=a["in_features"])
+
+
+def _fits_host(what: str, arg: str, nbytes: int) -> None:
+    """The synthetic data is made in host memory at once: more than the host has is refused before torch tries
+    (it would fail naming an allocation, or overflow its int64 sizes, not the data.args that asked for it)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX host: torch's own error stands
+        return
+    if nbytes > total:
+        raise UserError(f"data.args: synthetic data of {what} takes {nbytes / 2**30:,.0f} GiB, more than this host's "
+                        f"{total / 2**30:,.0f} GiB of memory; lower data.args.size or data.args.{arg}")
 
 
 # ---------------------------------------------------------------- dict items (HF `datasets` rows and the like)

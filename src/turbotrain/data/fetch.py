@@ -277,7 +277,9 @@ def fetch(name: str) -> Path:
     """Return the prepared, verified folder of a registry dataset, fetching it on first use and preparing
     it again when a cached file no longer matches its checksum. Usage: `fetch("shakespeare") / "shakespeare.txt"`."""
     if name not in SOURCES:
-        raise UserError(f"data {name!r}: no such dataset to fetch; available: {', '.join(SOURCES)}")
+        built = {"synthetic": "is generated at run time", "text": "reads your files (data.args.path)"}.get(name)
+        raise UserError(f"data {name!r}: " + (f"{built}: nothing to fetch" if built else "no such dataset to fetch")
+                        + f"; fetchable: {', '.join(SOURCES)}")
     dest = cache_root() / name
     src = SOURCES[name]
     if (dest / "meta.json").exists():

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from turbotrain.data.fetch import checksums, file_sha256, record_checksums, write_atomic
 from turbotrain.errors import UserError
-from turbotrain.files import cache_root
+from turbotrain.files import cache_root, path_arg
 from turbotrain.log import say
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -46,18 +47,42 @@ def text(split: str, path: str | None = None, tokens: str = "char", block_size: 
 
 
 def source_files(path: str) -> list[Path]:
-    root = Path(path).expanduser()
+    root = path_arg("data.args.path", path)
     if root.is_file():
         files = [root]
     elif root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        files = sorted(p for p in _walk(root) if p.suffix in SUFFIXES)
+    elif root.exists() or root.is_symlink():
+        raise UserError(f"data.args.path = {path!r}: not a regular file or folder (a broken link, a pipe or a device)")
     else:
         raise UserError(f"data.args.path = {path!r}: no such file or folder")
+    odd = [p for p in files if not p.is_file()]
+    if odd:  # skipping it would leave its text out of the training data, unseen
+        raise UserError(f"data.args.path = {path!r}: {odd[0]} is not a regular file (a broken link, a pipe or a "
+                        "device); fix or remove it")
     bad = [p for p in files if p.suffix not in SUFFIXES]
     if bad or not files:
         raise UserError(f"data.args.path = {path!r}: " + (f"{bad[0].name} is not {'/'.join(SUFFIXES)}" if bad else
                         f"no {', '.join(SUFFIXES)} files in the folder"))
     return files
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every non-folder entry under `root`, through linked folders too (rglob skips those, and with them their
+    text, unseen); a folder reached twice (a link back up the tree) is walked once."""
+    def unreadable(e: OSError) -> None:
+        raise UserError(f"data.args.path: cannot list {e.filename} ({e.strerror or e}); make it readable or move it "
+                        "out of the folder")
+
+    out, seen = [], set()
+    for top, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        out += [Path(top) / n for n in names]
+    return out
 
 
 def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
@@ -70,9 +95,13 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     sums = checksums(root)
     if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
         meta = json.loads((root / "meta.json").read_text())
-        if file_sha256(root / "tokens.bin") == sums["tokens.bin"]:
-            return np.memmap(root / "tokens.bin", dtype=meta["dtype"], mode="c"), meta["vocab_size"]
-        say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
+        dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
+        if dtype not in ("uint8", "int16", "int32") or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            say(f"warning: data text: {root / 'meta.json'} lacks a token dtype or vocab_size; tokenising again")
+        elif file_sha256(root / "tokens.bin") == sums["tokens.bin"]:
+            return np.memmap(root / "tokens.bin", dtype=dtype, mode="c"), vocab_size
+        else:
+            say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
     ids, vocab_size, vocab = _encode([_read(p) for p in files], tokens)
     if not len(ids):
         raise UserError(f"data.args.path: {', '.join(p.name for p in files[:3])} hold no text")
@@ -127,7 +156,11 @@ _BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\x
 def _utf8(p: Path) -> str:
     """The file as UTF-8 text; a binary or differently encoded file is refused (decoding it with
     replacement characters would train on silently changed text)."""
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as e:  # unreadable (permissions), or a link to a device or /proc file that fails on read
+        raise UserError(f"data.args.path: cannot read {p} ({e.strerror or e}); make it readable or remove it from "
+                        "the folder") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -141,7 +174,7 @@ def _utf8(p: Path) -> str:
 
 
 def _tokenizer_path(tokens: str) -> Path:
-    p = Path(tokens).expanduser()
+    p = path_arg("data.args.tokens", tokens)
     if not p.is_file():
         raise UserError(f"data.args.tokens = {tokens!r}: no such tokenizer.json file")
     return p

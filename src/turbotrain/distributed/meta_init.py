@@ -54,6 +54,11 @@ def params_on_meta(active: bool = True) -> Iterator[None]:
     register = nn.Module.register_parameter
 
     def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if isinstance(param, nn.parameter.UninitializedParameter):  # it has no shape until a forward sees data
+            raise UserError(f"parallel.meta_init = true: {type(self).__name__} has the lazy parameter {name!r} "
+                            "(nn.Lazy* modules take their sizes from the first forward, which runs only after "
+                            "materialising); give the module its sizes (e.g. nn.Linear for nn.LazyLinear) or set "
+                            "parallel.meta_init = false")
         register(self, name, param)
         p = self._parameters.get(name)
         if p is not None and not p.is_meta:

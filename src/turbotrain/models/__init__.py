@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.log import say
 from turbotrain.models import hf
 from turbotrain.plugins import call_factory, is_import_spec, load_object
 
@@ -86,5 +87,13 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 def adapt(model: nn.Module) -> nn.Module:
     """A `transformers` model under turbotrain's contract (`models.hf.HFModel`: .logits / .loss read from its
-    output, labels by keyword); any other model as it is. Usage: `model = adapt(user_model)`."""
+    output, labels by keyword); a `torch.compile`d one as the module inside it; any other model as it is.
+    Usage: `model = adapt(user_model)`."""
+    inner = getattr(model, "_orig_mod", None)
+    if type(model).__name__ == "OptimizedModule" and isinstance(inner, nn.Module):
+        # its state names carry `_orig_mod.`, which final/ leaves out, and turbotrain's own compile
+        # (compile.enabled) wraps the model with the loss, which a compiled model inside would split
+        say("model: it came compiled (torch.compile); turbotrain trains the module inside it and compiles as "
+            "compile.enabled says")
+        model = inner
     return hf.HFModel(model) if hf.is_hf_model(model) else model

@@ -36,3 +36,10 @@ def build(in_channels: int = 1, num_classes: int = 10, width: int = 32, dropout:
         nn.Linear(2 * width * 7 * 7, 256), nn.ReLU(inplace=True), nn.Dropout(dropout),
         nn.Linear(256, num_classes),
     )
+
+
+def estimate_params(in_channels: int, num_classes: int, width: int, **_) -> int:
+    """`build(...)`'s parameter count (convolutions, batch norms, the two linears), checked against host memory
+    before building."""
+    convs = 9 * in_channels * width + 9 * width * width + 9 * width * 2 * width + 9 * 2 * width * 2 * width
+    return convs + 12 * width + (2 * width * 49 + 1) * 256 + 257 * num_classes

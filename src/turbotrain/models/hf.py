@@ -18,6 +18,9 @@ them. The choice is made once, on the first forward (the contract check), never 
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 
 from turbotrain.errors import UserError
+from turbotrain.files import path_arg
 
 PREFIX = "hf:"
 
@@ -40,6 +44,28 @@ def require_transformers(what: str):
     return transformers
 
 
+@contextlib.contextmanager
+def quiet_torchao_import():
+    """torchao's import logs a warning for each native kernel library this machine cannot load (a CPU-only or
+    other-GPU build) and torch one for each Enum torchao registers: lines on stderr around turbotrain's own,
+    none the user can act on. transformers imports torchao with its model classes when it is installed."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _import_model_classes() -> None:
+    """transformers' model classes (they import torchao, when installed), once, without its log lines."""
+    with quiet_torchao_import():
+        importlib.import_module("transformers.modeling_utils")
+
+
 def is_hf_name(name: str) -> bool:
     return name.startswith(PREFIX)
 
@@ -48,7 +74,7 @@ def hf_target(name: str) -> tuple[str, Path | None]:
     """("gpt2", None) for `hf:gpt2`; ("", path) for a saved directory (a name with "/" or a leading "." or "~")."""
     rest = name[len(PREFIX):]
     if "/" in rest or rest.startswith((".", "~")) or os.sep in rest:
-        return "", Path(rest).expanduser()
+        return "", path_arg("model.name", rest)
     return rest, None
 
 
@@ -114,6 +140,7 @@ def _config(model_type: str, args: dict):
 def build_hf(name: str, args: dict) -> nn.Module:
     """`build_hf("hf:gpt2", {"n_layer": 2, ...})` or `build_hf("hf:/dir", {})` → `HFModel`, on the CPU."""
     transformers = require_transformers(f"model.name = {name!r}")
+    _import_model_classes()
     model_type, path = hf_target(name)
     if path is not None:
         if not (path / "config.json").is_file():

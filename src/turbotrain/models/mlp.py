@@ -32,3 +32,9 @@ def build(in_features: int = 1024, width: int = 1024, depth: int = 24, num_class
     int_arg("model.args.num_classes", num_classes, 1)
     float_arg("model.args.dropout", dropout, 0.0, 1.0, hi_open=True)
     return MLP(in_features, width, depth, num_classes, dropout)
+
+
+def estimate_params(in_features: int, width: int, depth: int, num_classes: int, **_) -> int:
+    """`build(...)`'s parameter count, checked against host memory before building (LayerNorms included)."""
+    stem = (in_features + 1) * width if in_features != width else 0
+    return stem + depth * (width * width + 3 * width) + (width + 1) * num_classes

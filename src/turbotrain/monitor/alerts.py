@@ -30,7 +30,7 @@ class Alerts:
     a rank's own readings (GPU, data wait, sync latency, a hang) are sent by that rank."""
 
     SHARED = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
-              "straggler")
+              "straggler", "memory_growth")  # the peak memory of a row is averaged over ranks
 
     def __init__(self, max_bad_steps: int, cfg: MonitorConfig | None = None, *, rank: int = 0,
                  jsonl: sinks.JsonlFile | None = None, webhook: sinks.Webhook | None = None,

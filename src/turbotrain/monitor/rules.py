@@ -5,8 +5,8 @@ a `Fired` when its rule trips, or None. They keep what history they need (a wind
 throughput windows, streaks of log steps) and nothing else, so they are tested on synthetic series.
 
 Rule names (the `rule` of an alerts.jsonl line): loss_nonfinite, grad_nonfinite, loss_spike, loss_diverging,
-loss_plateau, throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, sync_latency, straggler,
-hung_step.
+loss_plateau, throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, memory_growth, sync_latency,
+straggler, hung_step.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from turbotrain.errors import UserError
 
 RULES = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
-         "data_wait", "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "sync_latency", "straggler", "hung_step")
+         "data_wait", "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "memory_growth", "sync_latency", "straggler",
+         "hung_step")
+MEM_GROWTH_WINDOW = 10  # log steps: a leak raises the peak at nearly every one, a healthy run's peak settles
 
 
 @dataclass
@@ -56,7 +58,8 @@ class MonitorConfig:
     loss_plateau_delta: float = 0.01
     """loss_plateau: the relative improvement of the best loss that counts as progress."""
     throughput_drop_ratio: float = 0.7
-    """throughput_drop: a window's samples/s below this fraction of the median of the earlier windows (0 = off)."""
+    """throughput_drop: the samples/s of 2 log windows in a row below this fraction of the median of the earlier
+    windows (0 = off)."""
     data_wait_pct: float = 50.0
     """data_wait: the share of step time spent waiting for data above this % ... (100 = off)."""
     data_wait_steps: int = 3
@@ -69,6 +72,9 @@ class MonitorConfig:
     """gpu_temp_high: GPU temperature above this many °C (0 = off)."""
     gpu_mem_high_pct: float = 95.0
     """gpu_mem_high: device memory in use above this % of the device (0 = off)."""
+    mem_growth_pct: float = 5.0
+    """memory_growth: the peak memory (device allocated; host RSS on a CPU) rose at most of the last 10 log steps
+    and is this % above its first reading after warm-up: a leak (0 = off)."""
     sync_latency_ms: float = 100.0
     """sync_latency: a small all-reduce at a log step takes longer than this many ms (0 = off; 2+ ranks)."""
 
@@ -82,7 +88,7 @@ class MonitorConfig:
         if self.webhook_url and (problem := _url_problem(self.webhook_url)):
             raise UserError(f"monitor.webhook_url = {self.webhook_url!r}: {problem}; expected an http:// or "
                             f"https:// URL, or \"\" (off)")
-        for key in ("hang_timeout_s", "alert_repeat_s", "loss_spike_factor", "loss_diverging_rise",
+        for key in ("hang_timeout_s", "alert_repeat_s", "loss_spike_factor", "loss_diverging_rise", "mem_growth_pct",
                     "loss_plateau_delta", "throughput_drop_ratio", "gpu_temp_high_c", "sync_latency_ms",
                     "loss_diverging_window", "loss_plateau_window"):
             if getattr(self, key) < 0:
@@ -159,7 +165,10 @@ class LossRules:
             return []
         self.n += 1
         out = [f for f in (self._spike(loss), self._diverging(loss), self._plateau(loss)) if f]
-        self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        # the plain mean of the first 10 losses, then an EMA: seeding an EMA with the first loss alone would
+        # weigh that one batch at 73% three log steps later, and a noisy loss would "spike" against it
+        a = max(0.1, 1 / self.n)
+        self.ema = loss if self.ema is None else (1 - a) * self.ema + a * loss
         return out
 
     def _spike(self, loss: float) -> Fired | None:
@@ -227,12 +236,17 @@ class RowRules:
     def __init__(self, cfg: MonitorConfig):
         self.cfg, self.rates = cfg, []
         self.wait, self.util = Streak(cfg.data_wait_steps), Streak(cfg.gpu_util_low_steps)
+        # a drop is two log windows in a row: one slow window is a one-off cost (the first step after an
+        # evaluation or a checkpoint save, a GC pause) that dominates a window of a few short steps
+        self.slow = Streak(2)
+        self.peaks: deque[float] = deque(maxlen=MEM_GROWTH_WINDOW + 1)
+        self.first_peak: float | None = None  # the baseline: the first peak of a window without warm-up
 
     def check(self, row: dict, warm: bool = True) -> list[Fired]:
         """`warm`: False for windows that hold warm-up (compile, worker start): their rates and waits are not
         judged, only remembered as part of the throughput history."""
         checks = (self._rate(row.get("samples_per_s"), warm), self._wait(row.get("data_wait_pct"), warm),
-                  self._gpu(row), self._sync(row.get("sync_ms")))
+                  self._gpu(row), self._sync(row.get("sync_ms")), self._mem_growth(row.get("peak_mem_gib"), warm))
         return [f for group in checks for f in group]
 
     def _rate(self, rate: float | None, warm: bool) -> list[Fired]:
@@ -242,9 +256,10 @@ class RowRules:
         out = []
         if r and warm and len(self.rates) >= 3:
             ref = statistics.median(self.rates)
-            if rate < r * ref:
+            if self.slow.update(rate < r * ref):
                 out.append(Fired("throughput_drop", rate, r * ref, f"throughput {rate:.4g} samples/s is "
-                                 f"{rate / ref:.0%} of the median {ref:.4g} of the earlier log windows"))
+                                 f"{rate / ref:.0%} of the median {ref:.4g} of the earlier log windows (2 log "
+                                 "windows in a row)"))
         if warm:
             self.rates.append(rate)
         return out
@@ -271,6 +286,23 @@ class RowRules:
             out.append(Fired("gpu_mem_high", mem, c.gpu_mem_high_pct, f"device memory {mem:.1f}% in use, above "
                              f"{c.gpu_mem_high_pct:.0f}%: close to out of memory"))
         return out
+
+    def _mem_growth(self, peak: float | None, warm: bool) -> list[Fired]:
+        """A peak that keeps rising after warm-up: memory held on to every step (a list of losses kept as
+        tensors, a cache without bound). One rise (the first evaluation, a checkpoint save) is not a trend."""
+        x = self.cfg.mem_growth_pct
+        if peak is None or not warm or not x or not math.isfinite(peak) or peak <= 0:
+            return []
+        self.first_peak = self.first_peak or peak
+        self.peaks.append(peak)
+        ys = list(self.peaks)
+        rises = sum(b > a for a, b in zip(ys, ys[1:]))
+        grown = 100 * (peak / self.first_peak - 1)
+        if len(ys) <= MEM_GROWTH_WINDOW or rises < 0.7 * MEM_GROWTH_WINDOW or grown <= x:
+            return []
+        return [Fired("memory_growth", grown, x, f"peak memory rose at {rises} of the last {MEM_GROWTH_WINDOW} log "
+                      f"steps, to {peak:.3g} GiB ({grown:.0f}% above {self.first_peak:.3g} GiB after warm-up): "
+                      "something keeps tensors from every step (a loss kept without .item(), a growing cache)")]
 
     def _sync(self, ms: float | None) -> list[Fired]:
         x = self.cfg.sync_latency_ms
