@@ -185,7 +185,9 @@ def first_batch(ds: Dataset, device: torch.device, names: Names = Names(),
         except (RuntimeError, TypeError, ValueError) as e:
             shapes = ", ".join(f"item {i}: ({_describe(it[0])}, {_describe(it[1])})" for i, it in enumerate(items))
             raise UserError(f"{names.data}: items cannot be batched together ({_first_line(e)}; {shapes}); every "
-                            f"item's inputs, and its targets, need the same shape and dtype") from None
+                            f"item's inputs, and its targets, need the same shape and dtype (token sequences: pad "
+                            f"every item to one length, e.g. tokenizer(..., padding='max_length'), -100 in the "
+                            f"labels' padding)") from None
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(isinstance(t, torch.Tensor) for t in batch):
         raise UserError(f"{names.data}: a batch is {_describe(batch)}, not (inputs, targets) tensors")
     for part, t in zip(("inputs", "targets"), batch):
@@ -220,7 +222,10 @@ def _layer_problem(name: str, mod: nn.Module, inp: torch.Tensor) -> str | None:
     """What is wrong with `inp` as the input of layer `name`, checked before the layer runs (on a GPU an
     out-of-range embedding index is a device-side assert that ruins the process, not an exception)."""
     label = f"layer `{name or type(mod).__name__}` ({type(mod).__name__}"
-    if isinstance(mod, nn.Embedding) and not inp.is_floating_point() and inp.numel():
+    # an Embedding subclass with a forward of its own (BART's learned positions take the input ids and index
+    # by position) is not indexed by its input
+    if isinstance(mod, nn.Embedding) and type(mod).forward is nn.Embedding.forward and not inp.is_floating_point() \
+            and inp.numel():
         lo, hi = int(inp.min()), int(inp.max())
         if lo < 0 or hi >= mod.num_embeddings:
             bad = hi if hi >= mod.num_embeddings else lo

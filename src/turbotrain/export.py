@@ -255,8 +255,11 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
         raise UserError(f"load(model={model!r}): expected an nn.Module instance of the model the run trained, "
                         "e.g. model=MyModel(...)")
     else:
+        from turbotrain.models import adapt
+
         into = f"the model passed ({model_class_name(model)})"
         fix = "pass an instance of the model the run trained, built with the same arguments"
+        model = adapt(model)  # as train(model=...) adapted it: an HF model's weights are saved under `hf.`
     _load_weights(model, final / WEIGHTS, into, fix)
     _for_inference(model)
     return model.to(target).eval()

@@ -28,6 +28,7 @@ from turbotrain.accel.optim import build_optimizer, build_scheduler
 from turbotrain.distributed import meta_init
 from turbotrain.distributed.parallel import SHARDED, ParallelConfig, fsdp_sharded
 from turbotrain.errors import UserError
+from turbotrain.log import say_once
 from turbotrain.losses import LossFn, cross_entropy
 from turbotrain.models.structure import WithLoss
 
@@ -131,16 +132,29 @@ def _pipeline_schedule(stage: nn.Module, ties: list, loss_fn: LossFn | None, dev
     return stage, PipelineRunner(stage, ties, loss_fn, device, par, mesh)
 
 
+def _check_weight_dtypes(model: nn.Module, dtype: str) -> None:
+    """Trainable weights in half precision (a model built with .half(), or loaded with dtype=torch.bfloat16)
+    are stepped in that precision: no float32 master copy, small updates lost, and fp16's loss scaler refuses
+    float16 gradients at the first step. precision.dtype sets the compute precision; the weights stay float32."""
+    half = next(((n, p.dtype) for n, p in model.named_parameters()
+                 if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16)), None)
+    if half is None:
+        return
+    half, low = half
+    if dtype == "fp16" and low == torch.float16:
+        raise UserError(f"precision.dtype = \"fp16\" keeps float32 weights and runs the matmuls in fp16 under "
+                        f"autocast, but the model's parameters are float16 (e.g. {half}): build the model in float32 "
+                        f"(no .half()), or set precision.dtype = \"fp32\" to train the float16 weights as they are")
+    say_once(f"warning: the model's trainable parameters are {str(low)[6:]} (e.g. {half}): the optimizer steps them "
+             f"so, without float32 master weights (small updates are lost); build or load the model in float32 "
+             f"(model.float()) and let precision.dtype = \"bf16\" run the matmuls in half precision")
+
+
 def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device: torch.device, world: int) -> Trainee:
     """Techniques, then the optimizer over the parameters as trained (sharded ones under FSDP2), the LR
     schedule and the fp16 loss scaler. Usage: `trainee = build_trainee(model, loss_fn, cfg, device, world)`."""
     dtype = cfg.precision.dtype
-    # the fp16 loss scaler unscales float32 master gradients: torch refuses float16 ones at the first step
-    if dtype == "fp16" and (half := next((n for n, p in model.named_parameters()
-                                          if p.requires_grad and p.dtype == torch.float16), None)):
-        raise UserError(f"precision.dtype = \"fp16\" keeps float32 weights and runs the matmuls in fp16 under "
-                        f"autocast, but the model's parameters are float16 (e.g. {half}): build the model in float32 "
-                        f"(no .half()), or set precision.dtype = \"fp32\" to train the float16 weights as they are")
+    _check_weight_dtypes(model, dtype)
     if isinstance(loss_fn, nn.Module):  # its buffers (CrossEntropyLoss's class weights) meet the outputs' device
         loss_fn.to(device)
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,

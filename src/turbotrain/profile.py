@@ -7,7 +7,8 @@ each phase (data, forward, backward, optimizer) is a named range in the trace:
 - on a GPU, a phase's time is the device time of the kernels its range launched (the trace links each
   kernel to the CPU op that launched it); communication kernels (NCCL) are split out, and only their
   part not overlapped by compute kernels counts as exposed; host→device copies are their own part;
-- on a CPU, a phase's time is the host time of its range;
+- on a CPU, a phase's time is the host time of its range, but for forward and backward only the torch
+  ops inside count: the range's own Python (a sleep or a loop in the model) is host overhead;
 - data wait is host time blocked in the data range; whatever is left of the step's wall time is host
   overhead (GPU idle: Python, launches, syncs). The shares therefore sum to 1 by construction, and
   each part is measured, none estimated.
@@ -108,6 +109,12 @@ def _is_annotation(e) -> bool:
         or e.name.startswith("Optimizer.")
 
 
+def _op_time(evt) -> float:
+    """Microseconds of torch ops inside a host range: its children's time, looking through nested ranges
+    (the optimizer's `Optimizer.step#...`), whose own Python time is not op time either."""
+    return sum(_op_time(c) if _is_annotation(c) else c.cpu_time_total for c in evt.cpu_children)
+
+
 def _kernel_phases(events, device_evts, kernels) -> list[str | None]:
     """The phase of each device kernel, by when it was launched: the CUDA runtime call that launched it
     (same correlation id) falls inside one phase's host range — whatever thread launched it (backward
@@ -142,7 +149,11 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
             per["data_wait"] += e.cpu_time_total / 1e6
         elif not on_gpu and e.name.startswith(phases.PREFIX):
             name = e.name[len(phases.PREFIX):]
-            if name in per:
+            # forward/backward: the range's own Python (a sleep, a loop in the model) is host overhead, not
+            # compute; the optimizer's Python loop over its tensors is its own cost, which foreach/fused cut
+            if name in ("forward", "backward"):
+                per[name] += _op_time(e) / 1e6
+            elif name in per:
                 per[name] += e.cpu_time_total / 1e6
     if on_gpu:
         comm, compute = [], []
@@ -250,10 +261,13 @@ def _host_advice(run: Run, host: float) -> list[dict]:
     if run.trainee.device.type != "cuda":  # no device to idle: the time is Python between the step's phases
         if a > 1:
             recs.append(_rec(f"data.batch_size={b * a} train.grad_accum=1", f"{host:.0%} of the step is host work "
-                             f"outside data, forward, backward and optimizer, paid per micro-batch: the same global "
+                             f"outside torch ops, paid per micro-batch: the same global "
                              f"batch in one micro-batch pays it once (more memory)", host))
-        recs.append(_rec(f"data.batch_size={b * 2}", f"{host:.0%} of the step is host work outside its phases; more "
-                         "samples per step amortize it", host))
+        recs.append(_rec(f"data.batch_size={b * 2}", f"{host:.0%} of the step is host work outside torch ops; "
+                         "more samples per step amortize it", host))
+        recs.append(_tip("move host work out of the step", f"{host:.0%} of the step is Python outside torch ops "
+                         "(in the model's forward, the loss or between the phases): loops over samples, sleeps, "
+                         "I/O or synchronous logging; vectorize it or do it once ahead of training", host))
         return recs
     # CUDA graphs only where they can hold: one process (the resolver turns them off under DDP/FSDP)
     if run.cfg.parallel.strategy == "none" and (not c.enabled or c.mode != "reduce-overhead"):
@@ -520,12 +534,8 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
     kind, recs = verdict(shares, run, memory)
-    notes = []
     bad = sum(not math.isfinite(float(loss)) for loss in losses)
-    if bad:  # a diverged model's timings are real but not the ones the healthy model will have
-        notes.append(f"the loss was non-finite in the profiled steps: these are timings of a diverged model ({bad} "
-                     f"of {len(losses)} steps; NaN/inf values can take other kernel paths); fix the divergence first")
-        say(f"warning: {notes[-1]}")
+    notes = _notes(run, bad, len(losses))
     with _written_whole(out / f"trace{suffix}.json.gz") as gz:
         fd, raw = tempfile.mkstemp(dir=out, prefix=f".trace{suffix}.", suffix=".json")
         os.close(fd)
@@ -539,15 +549,16 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
         "workload": run.cfg.run.name, "device": run.info["device_name"], "dtype": tr.dtype, "torch": torch.__version__,
         "compile": run.info["compile"] and {**run.info["compile"], **compile_stats(), "fell_back": not tr.compiled},
         "strategy": run.cfg.parallel.strategy, "global_batch": run.cost.global_batch,
-        "step_ms_median": statistics.median(times) * 1e3, "steps_profiled": active,
+        "step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": statistics.fmean(times) * 1e3,
+        "steps_profiled": active,
         "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
         "breakdown_share": shares,
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
         "verdict": kind, "bottleneck": bottleneck(shares), "verdict_detail": describe(shares),
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
         "top_ops": top, "memory": memory,
-        "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time on "
-                  "CPU); step wall time on a drained device; host_overhead = wall - measured parts",
+        "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "
+                  "the ops inside on CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
     }
     if run.env.is_main:  # the report is rank 0's view; every rank keeps its own trace
@@ -559,13 +570,28 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     return report
 
 
+def _notes(run: Run, bad: int, steps: int) -> list[str]:
+    """What the breakdown does not show, each also said as a warning."""
+    notes = []
+    if bad:  # a diverged model's timings are real but not the ones the healthy model will have
+        notes.append(f"the loss was non-finite in the profiled steps: these are timings of a diverged model ({bad} "
+                     f"of {steps} steps; NaN/inf values can take other kernel paths); fix the divergence first")
+    if run.cfg.train.callbacks:  # a hook may write or upload: profiling must leave the run's folder alone
+        notes.append(f"train.callbacks ({', '.join(run.cfg.train.callbacks)}) do not run in profile: whatever time "
+                     "their hooks take per step in training is not in this breakdown")
+    for note in notes:
+        say(f"warning: {note}")
+    return notes
+
+
 def format_report(r: dict) -> str:
     c = r["compile"]
     how = (f"compile {c['mode']}/{c['scope']}, {c['graph_breaks']} graph breaks, {c['recompiles']} recompiles"
            + (", fell back to eager" if c["fell_back"] else "")) if c else "eager"
     lines = [f"# Profile: {r['workload']} on {r['device']} ({r['dtype']}, {how}, strategy {r['strategy']})", "",
              f"Median step {r['step_ms_median']:.2f} ms over {r['steps_profiled']} profiled steps "
-             f"(global batch {r['global_batch']}).", ""]
+             f"(global batch {r['global_batch']}); the parts below are per-step means, summing to the mean step "
+             f"{sum(r['breakdown_ms'].values()):.2f} ms.", ""]
     lines += [f"**Warning:** {n}." for n in r.get("notes", [])] + ([""] if r.get("notes") else [])
     lines += [f"**Verdict: {r['verdict']}** — {r['verdict_detail']}", "", "| part | ms/step | share |", "|---|---|---|"]
     for k in PARTS:

@@ -218,8 +218,9 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
                 check_eval_value(loss, "the loss", loss=True)
             sums[0] += loss.float()
         if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
-            sums[1] += (out.argmax(-1) == y).sum()
-            sums[2] += y.numel()
+            counted = y != -100  # the positions F.cross_entropy ignores (padding) are no prediction to count
+            sums[1] += ((out.argmax(-1) == y) & counted).sum()
+            sums[2] += counted.sum()
         for i, (name, fn) in enumerate(metrics.items()):
             with _users(f"train.eval_metrics: {factory_label(fn)}", "fix it there"):
                 sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),

@@ -318,3 +318,41 @@ def test_a_loss_module_holding_class_weights_trains_on_the_gpu(tmp_path):
     loss = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 0.5]))
     summary = train(cfg, model=nn.Linear(8, 3), train_data=data, loss_fn=loss)
     assert summary["steps"] == 3 and summary["final_loss"] is not None
+
+
+def test_val_acc_leaves_out_the_ignored_positions(tmp_path):
+    """Labels of -100 are padding F.cross_entropy ignores: they were counted as wrong predictions in val_acc."""
+    from turbotrain.trainer import train
+
+    y = torch.tensor([0, -100] * 32)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4, generator=torch.Generator().manual_seed(0)), y)
+    model = nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([10.0, 0.0, 0.0]))  # predicts class 0 everywhere
+    cfg = load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}", "train.steps=2", "train.lr=1e-9",
+                                       "data.batch_size=8", "data.eval_batches=2", "checkpoint.every=0",
+                                       "train.loss='cross_entropy'"])
+    summary = train(cfg, model=model, train_data=data, val_data=data)
+    assert summary["val_acc"] == 1.0
+
+
+def test_a_users_error_raised_in_a_loader_worker_is_its_own_line(tmp_path, capsys):
+    """torch re-raises a worker's exception with the worker's whole traceback in its message: the error line
+    held all of it. It is the UserError's own line now."""
+    argv = ["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=3",
+            "data.name='tests.userpkg.redteam_s22:RaisesInWorkers'", "data.num_workers=1", "data.eval_batches=0"]
+    assert main(argv) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line == "error: data.name: item refused by its own check; fix the dataset", line
+
+
+def test_half_precision_weights_are_said(tmp_path, capsys):
+    """A model loaded in bf16 was stepped in bf16 with no word: no float32 master weights, small updates lost."""
+    from turbotrain.trainer import train
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8).bfloat16(), torch.randn(32, 1).bfloat16())
+    cfg = load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}", "train.steps=2", "data.eval_batches=0",
+                                       "checkpoint.every=0"])
+    train(cfg, model=nn.Linear(8, 1).to(torch.bfloat16), train_data=data)
+    assert "trainable parameters are bfloat16 (e.g. weight)" in capsys.readouterr().out

@@ -345,3 +345,19 @@ class PairBlocks(nn.Module):
 
 def pair_blocks():
     return PairBlocks()
+
+
+class RaisesInWorkers(torch.utils.data.Dataset):
+    """Items the main process reads fine (the first-batch checks), a UserError inside a DataLoader worker."""
+
+    def __init__(self, split: str = "train", **_):
+        self.split = split
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            from turbotrain.errors import UserError
+            raise UserError("data.name: item refused by its own check; fix the dataset")
+        return torch.randn(8), torch.randn(1)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -272,19 +273,53 @@ class DictItems(Dataset):
 
     META = ("vocab_size", "block_size", "num_classes", "in_channels", "in_features")
 
-    def __init__(self, ds: Dataset, keys: tuple[str, str]):
-        self.ds, self.keys = ds, keys
+    def __init__(self, ds: Dataset, keys: tuple[str, str], who: str = "data"):
+        self.ds, self.keys, self.who = ds, keys, who
         for k in self.META:
             if getattr(ds, k, None) is not None:
                 setattr(self, k, getattr(ds, k))
+        features = getattr(ds, "features", None)
+        label = features.get(keys[1]) if isinstance(features, dict) else None
+        if getattr(self, "num_classes", None) is None and isinstance(getattr(label, "num_classes", None), int):
+            self.num_classes = label.num_classes  # an HF `datasets` ClassLabel column: the classifier's size
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getitem__(self, i: int):
         item = self.ds[i]
-        return tuple(v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for v in
-                     (item[self.keys[0]], item[self.keys[1]]))
+        missing = [k for k in self.keys if not isinstance(item, dict) or k not in item]
+        if missing:  # items must keep the first item's keys: the mapping was decided on it
+            raise UserError(f"{self.who}: item {i}: KeyError {missing[0]!r} (it is {type(item).__name__}"
+                            f"{' with keys ' + str(list(item)[:8]) if isinstance(item, dict) else ''}); every dict "
+                            f"item needs the first item's keys {self.keys[0]!r} and {self.keys[1]!r}")
+        return tuple(self._tensor(item[k], i, k) for k in self.keys)
+
+    def _tensor(self, v, i: int, key: str) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return v
+        try:
+            a = np.asarray(v)
+            if a.dtype.kind in "biuf":
+                return torch.as_tensor(a)
+        except (ValueError, TypeError):  # lists of different lengths inside one item
+            pass
+        shown = " ".join(repr(v).split())[:60]
+        if isinstance(v, str):
+            fix = (f"encode string labels as class ids (HF datasets: ds.class_encode_column({key!r}))"
+                   if key in TARGET_KEYS else "tokenize the text to ids")
+        else:
+            fix = "give it numbers, lists of them padded to one length (-100 in labels)"
+        raise UserError(f"{self.who}: item {i}'s {key!r} is {type(v).__name__} {shown}, not numbers of one shape; "
+                        f"{fix}")
+
+
+def _has_a_zero(v) -> bool:
+    try:
+        a = np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v)
+    except (ValueError, TypeError):
+        return False
+    return a.dtype.kind in "biuf" and a.size > 0 and not a.all()
 
 
 def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
@@ -293,6 +328,9 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or isinstance(ds, (str, bytes, torch.Tensor)):
         raise UserError(f"{who}: got {type(ds).__name__}, not a map-style Dataset (an object with __getitem__ and "
                         f"__len__ whose items are (inputs, targets)), e.g. torch.utils.data.TensorDataset(x, y)")
+    if isinstance(ds, Mapping):  # an HF DatasetDict or a dict of splits: ds[0] would be a KeyError
+        raise UserError(f"{who}: got a {type(ds).__name__} of splits ({', '.join(map(repr, list(ds)[:4]))}), not one "
+                        f"dataset; pass one split, e.g. train_data=ds['train'], val_data=ds['validation']")
     if isinstance(ds, (TensorDataset, DictItems)) or not call_user(len, f"{who}: len()", ds):
         return ds
     first = call_user(ds.__getitem__, f"{who}: __getitem__(0)", 0)
@@ -302,11 +340,18 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     left = [k for k in first if k not in keys]
     say(f"data: dict items mapped as inputs = {keys[0]!r}, targets = {keys[1]!r}"
         + (f" (not used: {', '.join(map(str, left[:6]))})" if left else ""))
-    mapped = DictItems(ds, keys)
+    mask = first.get("attention_mask")
+    if _has_a_zero(mask):  # turbotrain passes the inputs alone: the model attends to the padding
+        say(f"warning: {who}: 'attention_mask' is not passed to the model, and item 0 has padding: a causal LM "
+            f"(gpt2, llama) with padding on the right and -100 in its labels trains as with the mask; padding on "
+            f"the left, or a bidirectional model (bert, vit), attends to the pad tokens: pad on the right or pack")
+    mapped = DictItems(ds, keys, who)
     x, y = mapped[0]
-    if x.shape == y.shape and torch.equal(x, y):  # HF's causal-LM convention: the model shifts the labels
-        say(f"data: {keys[1]!r} equal {keys[0]!r} (HF's causal-LM convention): train an HF causal LM with "
-            f"train.loss = \"model\", which shifts them; a plain loss would learn to copy its input")
+    from turbotrain.models.hf import labels_are_inputs
+
+    if labels_are_inputs(x, y):  # HF's causal-LM convention: the model shifts the labels
+        say(f"data: {keys[1]!r} equal {keys[0]!r} (HF's causal-LM convention, -100 at padding): train an HF causal "
+            f"LM with train.loss = \"model\", which shifts them; a plain loss would learn to copy its input")
     return mapped
 
 

@@ -183,7 +183,12 @@ class Batches:
         not) or changing its items' shape or dtype after the first batch is one UserError naming it."""
         try:
             batch = next(self._it)
-        except (UserError, StopIteration, torch.OutOfMemoryError, MemoryError):
+        except UserError as e:  # raised in a worker, torch re-raises it with the worker's whole traceback inside
+            if "Original Traceback" not in str(e):
+                raise
+            last = [ln for ln in str(e).splitlines() if ln.strip()][-1]
+            raise UserError(last.split("UserError: ", 1)[-1].strip()) from None
+        except (StopIteration, torch.OutOfMemoryError, MemoryError):
             raise
         except Exception as e:
             lines = [ln for ln in str(e).splitlines() if ln.strip()]  # a worker's error: its last line says it

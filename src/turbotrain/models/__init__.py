@@ -87,13 +87,41 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 def adapt(model: nn.Module) -> nn.Module:
     """A `transformers` model under turbotrain's contract (`models.hf.HFModel`: .logits / .loss read from its
-    output, labels by keyword); a `torch.compile`d one as the module inside it; any other model as it is.
-    Usage: `model = adapt(user_model)`."""
+    output, labels by keyword); a `torch.compile`d, DataParallel or DistributedDataParallel one (a script's
+    or Accelerate's wrapping) as the module inside it, an Accelerate-prepared one with its own forward; any
+    other model as it is. Usage: `model = adapt(user_model)`."""
+    if not isinstance(model, nn.Module):  # refused by the caller, naming what it is
+        return model
     inner = getattr(model, "_orig_mod", None)
     if type(model).__name__ == "OptimizedModule" and isinstance(inner, nn.Module):
         # its state names carry `_orig_mod.`, which final/ leaves out, and turbotrain's own compile
         # (compile.enabled) wraps the model with the loss, which a compiled model inside would split
         say("model: it came compiled (torch.compile); turbotrain trains the module inside it and compiles as "
             "compile.enabled says")
-        model = inner
+        return adapt(inner)
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        # its forward passes arguments on positionally (an HF model inside would take the targets as its
+        # cache) and its state names carry `module.`; turbotrain wraps the model itself (parallel.strategy)
+        say(f"model: it came wrapped in {type(model).__name__}; turbotrain trains the module inside it and "
+            f"parallelises as parallel.strategy says")
+        return adapt(model.module)
+    if all(callable(getattr(type(model), k, None)) for k in ("training_step", "configure_optimizers")):
+        # a LightningModule (read from the class: its properties raise outside a Trainer) is an nn.Module
+        say(f"warning: model: {type(model).__name__} has Lightning's training_step and configure_optimizers, which "
+            f"turbotrain does not call: it trains forward(inputs) against train.loss (or forward(inputs, targets) "
+            f"returning the loss, train.loss = \"model\") with train.optimizer")
+    if "_original_forward" in vars(model):  # Accelerate's prepare: forward patched to run under its autocast
+        _unpatch_forward(model)
     return hf.HFModel(model) if hf.is_hf_model(model) else model
+
+
+def _unpatch_forward(model: nn.Module) -> None:
+    """The forward the model had before `accelerator.prepare` (mixed_precision) wrapped it in autocast, which
+    would run under precision.dtype = "fp32" too; turbotrain applies precision.dtype itself."""
+    original = vars(model).pop("_original_forward")
+    if getattr(original, "__func__", None) is type(model).forward:
+        vars(model).pop("forward", None)  # the class's own forward again
+    else:
+        model.forward = original
+    say("model: it came prepared by Accelerate (forward wrapped in its autocast); turbotrain runs the model's own "
+        "forward, under precision.dtype")

@@ -4,9 +4,12 @@
     model.name = "hf:/path/to/dir"  a `save_pretrained` directory, weights included ("hf:./dir" for relative)
     a user factory returning a `PreTrainedModel`: wrapped the same way by `models.build_model`
 
-Which head `hf:<model_type>` builds: the causal LM (`AutoModelForCausalLM`) where the type has one (gpt2,
-llama, ...), else sequence classification (`AutoModelForSequenceClassification`: num_labels from the
-data's classes), else the bare `AutoModel` (its `last_hidden_state` is the output; no loss of its own).
+Which head `hf:<model_type>` builds: sequence classification (`AutoModelForSequenceClassification`) when
+`num_labels` is given or the data has classes (`num_classes`) and the type has that head (bert, ...); else
+the causal LM (`AutoModelForCausalLM`) where the type has one (gpt2, llama, bert as a decoder, ...); else
+image classification (vit, ...: num_labels from the data's classes); else sequence classification; else the
+bare `AutoModel` (its `last_hidden_state` is the output; no loss of its own). Encoder-decoder (seq2seq)
+models are refused: turbotrain's (inputs, targets) items carry no decoder inputs.
 
 `HFModel` adapts an HF model to turbotrain's contract: forward(x) returns a tensor (`.logits`, else
 `.last_hidden_state`), forward(x, y) (`train.loss = "model"`) returns HF's own `.loss`, with the targets
@@ -14,7 +17,8 @@ passed by keyword as `labels`. Label shifting, decided so the math equals `cross
 targets: turbotrain's token targets are already aligned with the outputs (y[t] is the token after x[t]), so
 a causal LM gets them as `shift_labels` too, and HF does not shift them again. Targets equal to the inputs
 (HF's own convention: `labels = input_ids`, e.g. dict data) are passed as plain `labels` and HF shifts
-them. The choice is made once, on the first forward (the contract check), never per step.
+them, padding (-100 in labels) included. The choice is made once, on the first forward (the contract
+check), never per step.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from torch import nn
 
 from turbotrain.errors import UserError
 from turbotrain.files import path_arg
+from turbotrain.log import say
 
 PREFIX = "hf:"
 
@@ -86,29 +91,41 @@ def check_name(name: str) -> None:
                         "or 'hf:/path/to/saved/dir'")
 
 
-def head_of(model_type: str) -> str:
-    """Which Auto class `hf:<model_type>` builds: "causal_lm" | "sequence_classification" | "base"."""
+def head_of(model_type: str, args: dict | None = None) -> str:
+    """Which Auto class `hf:<model_type>` builds with `args`: "causal_lm" | "sequence_classification" |
+    "image_classification" | "base" (see the module docstring)."""
     from transformers.models.auto import modeling_auto as ma
 
+    seq = model_type in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    if seq and "num_labels" in (args or {}):  # a classifier asked for: bert is a causal LM type too
+        return "sequence_classification"
     if model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "causal_lm"
-    if model_type in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
-        return "sequence_classification"
-    return "base"
+    if model_type in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return "image_classification"
+    return "sequence_classification" if seq else "base"
 
 
 def data_args(name: str, meta: dict, given: dict) -> dict:
-    """Data-derived HF config arguments for `hf:<model_type>`: vocab_size from token data (causal LMs and
-    base models), num_labels from a classifier's classes. A saved directory takes nothing from the data."""
+    """Data-derived HF config arguments for `hf:<model_type>`: vocab_size from token data, num_labels from the
+    data's classes where the type has a classifier head (which then builds it), num_channels from images'
+    channels. A saved directory takes nothing from the data."""
     model_type, path = hf_target(name)
     if path is not None:
         return {}
     require_transformers(f"model.name = {name!r}")
-    head, out = head_of(model_type), {}
-    if "vocab_size" in meta and "vocab_size" not in given:
-        out["vocab_size"] = meta["vocab_size"]
-    if head == "sequence_classification" and "num_classes" in meta and "num_labels" not in given:
+    from transformers.models.auto import modeling_auto as ma
+
+    out = {}
+    classifier = model_type in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES \
+        or model_type in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+    if classifier and "num_classes" in meta and "num_labels" not in given:
         out["num_labels"] = meta["num_classes"]
+    head = head_of(model_type, {**given, **out})
+    if "vocab_size" in meta and "vocab_size" not in given and head != "image_classification":
+        out["vocab_size"] = meta["vocab_size"]
+    if head == "image_classification" and "in_channels" in meta and "num_channels" not in given:
+        out["num_channels"] = meta["in_channels"]
     return out
 
 
@@ -119,6 +136,10 @@ def _config(model_type: str, args: dict):
     except (ValueError, KeyError):
         raise UserError(f"model.name = 'hf:{model_type}': transformers {transformers.__version__} knows no model "
                         f"type {model_type!r}; use a type such as gpt2, llama, bert (AutoConfig model_type)") from None
+    dtype = next((k for k in ("dtype", "torch_dtype") if k in args), None)
+    if dtype:  # from_config would build the weights in it: half-precision weights under any precision.dtype
+        raise UserError(f"model.args.{dtype} = {args[dtype]!r}: turbotrain keeps the weights in float32 and computes "
+                        f"in precision.dtype; remove model.args.{dtype} and set precision.dtype (e.g. \"bf16\")")
     known = set(default.to_dict()) | set(getattr(default, "attribute_map", {})) | {"num_labels"}
     unknown = sorted(k for k in args if k not in known)
     if unknown:  # HF configs take any keyword silently: a typo (n_layers) would train the default model
@@ -134,7 +155,25 @@ def _config(model_type: str, args: dict):
         tok = getattr(default, key, None)
         if key not in args and isinstance(tok, int) and isinstance(vocab, int) and tok >= vocab:
             special[key] = None
+    special.update(_head_args(model_type, args, default, special))
     return transformers.AutoConfig.for_model(model_type, **args, **special)
+
+
+def _head_args(model_type: str, args: dict, default, special: dict) -> dict:
+    """What the head built for `args` needs of the config: bert & co. as an LM are made causal (bidirectional
+    attention would see the token to predict); a decoder as a classifier needs its pad id."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    head = head_of(model_type, args)
+    encoder = default.to_dict().get("is_decoder") is False  # bert & co.; decoders' configs have no is_decoder
+    if head == "causal_lm" and encoder and "is_decoder" not in args:
+        return {"is_decoder": True}
+    pad = args.get("pad_token_id", special.get("pad_token_id", getattr(default, "pad_token_id", None)))
+    if head == "sequence_classification" and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not encoder \
+            and pad is None:
+        raise UserError(f"model.name = 'hf:{model_type}' as a classifier reads each item's last token before "
+                        f"model.args.pad_token_id, which is not set: set it to the id the data pads with")
+    return {}
 
 
 def build_hf(name: str, args: dict) -> nn.Module:
@@ -147,10 +186,17 @@ def build_hf(name: str, args: dict) -> nn.Module:
             raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); "
                             f"save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
         cfg = _hf_call(name, "its config.json", transformers.AutoConfig.from_pretrained, path, **args)
-        auto = _auto_class(transformers, head_of(cfg.model_type), cfg)
-        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg))
+        auto = _auto_class(transformers, head_of(cfg.model_type, args), cfg)
+        if auto is transformers.AutoModelForCausalLM and getattr(cfg, "is_decoder", None) is False:
+            cfg.is_decoder = True  # a saved bert (ForMaskedLM) as an LM: causal attention, as for hf:bert
+        saved = getattr(cfg, "dtype", None)
+        if saved not in (None, torch.float32, "float32"):  # hub checkpoints, mostly bf16: AdamW on bf16 loses updates
+            say(f"model: {path} is saved in {str(saved).removeprefix('torch.')}; its weights are loaded in float32 "
+                f"and computed in precision.dtype")
+        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg, dtype=torch.float32))
     cfg = _hf_call(name, "model.args", _config, model_type, args)
-    return HFModel(_hf_call(name, "model.args", _auto_class(transformers, head_of(model_type), cfg).from_config, cfg))
+    auto = _auto_class(transformers, head_of(model_type, args), cfg)
+    return HFModel(_hf_call(name, "model.args", auto.from_config, cfg))
 
 
 def _hf_call(name: str, what: str, fn, *args, **kwargs):
@@ -171,8 +217,11 @@ def _auto_class(transformers, head: str, cfg):
     arch = (getattr(cfg, "architectures", None) or [""])[0]
     if arch.endswith("ForSequenceClassification"):  # a saved classifier keeps its head
         return transformers.AutoModelForSequenceClassification
+    if arch.endswith("ForImageClassification"):
+        return transformers.AutoModelForImageClassification
     return {"causal_lm": transformers.AutoModelForCausalLM,
-            "sequence_classification": transformers.AutoModelForSequenceClassification}.get(
+            "sequence_classification": transformers.AutoModelForSequenceClassification,
+            "image_classification": transformers.AutoModelForImageClassification}.get(
                 head, transformers.AutoModel)
 
 
@@ -191,6 +240,10 @@ class HFModel(nn.Module):
 
     def __init__(self, hf: nn.Module):
         super().__init__()
+        if getattr(hf.config, "is_encoder_decoder", False):  # forward(x) alone has no decoder inputs to run
+            raise UserError(f"{type(hf).__name__} is an encoder-decoder (seq2seq) model, which turbotrain does not "
+                            f"train: its (inputs, targets) items carry no decoder inputs; use a decoder-only "
+                            f"causal LM (hf:gpt2, hf:llama) or an encoder classifier (hf:bert with num_labels)")
         self.hf = hf
         if hasattr(hf.config, "use_cache"):
             hf.config.use_cache = False  # training: a KV cache is memory for nothing (and clashes with act-ckpt)
@@ -221,7 +274,7 @@ class HFModel(nn.Module):
         kwargs = {self.input_name: x, "labels": y}
         if self.causal:
             if self.targets_are_inputs is None:  # once, at the contract check: a host sync is fine there
-                self.targets_are_inputs = bool(y.shape == x.shape and torch.equal(y, x))
+                self.targets_are_inputs = labels_are_inputs(x, y)
             if not self.targets_are_inputs:
                 kwargs["shift_labels"] = y  # already aligned with the outputs: no second shift
         loss = self.hf(**kwargs).loss
@@ -229,6 +282,15 @@ class HFModel(nn.Module):
             raise UserError(f"{type(self.hf).__name__} computes no loss of its own (a bare AutoModel); set "
                             f"train.loss = \"cross_entropy\" or \"mse\", or use a model type with a head")
         return loss
+
+
+def labels_are_inputs(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """HF's causal-LM labels: the inputs themselves, -100 (ignored by the loss) at padding; the model shifts
+    them. Targets already aligned with the outputs (y[t] = x[t + 1]) differ from x at real tokens."""
+    if y.shape != x.shape or x.is_floating_point():
+        return False
+    real = y != -100
+    return bool(real.any() and torch.equal(y[real], x[real]))
 
 
 def _causal_names() -> set[str]:
