@@ -193,7 +193,9 @@ def build_hf(name: str, args: dict) -> nn.Module:
         if saved not in (None, torch.float32, "float32"):  # hub checkpoints, mostly bf16: AdamW on bf16 loses updates
             say(f"model: {path} is saved in {str(saved).removeprefix('torch.')}; its weights are loaded in float32 "
                 f"and computed in precision.dtype")
-        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg, dtype=torch.float32))
+        major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+        as_fp32 = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": torch.float32}  # renamed in 4.56
+        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg, **as_fp32))
     cfg = _hf_call(name, "model.args", _config, model_type, args)
     auto = _auto_class(transformers, head_of(model_type, args), cfg)
     return HFModel(_hf_call(name, "model.args", auto.from_config, cfg))
