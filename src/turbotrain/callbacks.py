@@ -73,12 +73,18 @@ def build_callbacks(specs: list[str], given: list | tuple = ()) -> list[Callback
         if isinstance(cb, type):  # its hooks would be unbound functions, missing `self`
             raise UserError(f"train(callbacks=...): {cb.__name__} is a class; pass an instance ({cb.__name__}())")
     for cb, name in zip([*built, *given], [*specs, *(type(g).__name__ for g in given)]):
-        hooks = [h for h in ("on_train_start", "on_step_end", "on_log", "on_eval_end", "on_checkpoint",
-                             "on_train_end") if callable(getattr(cb, h, None))]
-        if not hooks:
+        # a misspelt or another framework's hook (on_epoch_end, on_validation_end) would never be called: said
+        unknown = [a for a in dir(cb) if a.startswith("on_") and a not in HOOKS and callable(getattr(cb, a, None))]
+        if unknown:
+            raise UserError(f"train.callbacks: {name}.{unknown[0]} is not a hook turbotrain calls; the hooks are "
+                            f"{', '.join(HOOKS)}: rename it, or give it a name not starting with on_")
+        if not any(callable(getattr(cb, h, None)) for h in HOOKS):
             raise UserError(f"train.callbacks: {name} has none of the hooks of turbotrain.callbacks.Callback "
-                            "(on_train_start, on_step_end, on_log, on_eval_end, on_checkpoint, on_train_end)")
+                            f"({', '.join(HOOKS)})")
     return [*built, *given]
+
+
+HOOKS = ("on_train_start", "on_step_end", "on_log", "on_eval_end", "on_checkpoint", "on_train_end")
 
 
 def eval_metric_fns(train_cfg) -> dict:
@@ -118,6 +124,9 @@ class Hooks:
         for fn, cb in fns:
             who, training = f"train.callbacks: {factory_label(type(cb))}.{hook}", self.model.training
             out.append(call_user(fn, who, state, *args))
+            if out[-1] is not None and hook != "on_log":  # metrics or a stop flag returned here would be lost unsaid
+                say_once(f"warning: {who} returned {type(out[-1]).__name__}; turbotrain ignores what this hook returns "
+                         "(only on_log's: a dict of extra metrics to log)")
             # a sampling hook's model.eval() would have the rest of the run train without dropout, on BatchNorm's
             # running statistics; after on_train_end the model is the caller's to switch
             if self.model.training != training and hook != "on_train_end":

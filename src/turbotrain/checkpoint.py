@@ -71,6 +71,9 @@ class CheckpointConfig:
             raise UserError(f"checkpoint.every = {self.every}: must be >= 0 (0 = off)")
         if self.keep < 1:
             raise UserError(f"checkpoint.keep = {self.keep}: must be >= 1")
+        if not self.resume.strip():  # Path("") is the current folder: the error would name "."
+            raise UserError(f"checkpoint.resume = {self.resume!r}: expected \"auto\" (the run's latest), \"never\" "
+                            "or a checkpoint folder (RUN/checkpoints/step-00001000)")
         if self.resume not in ("auto", "never"):
             self.resume = str(path_arg("checkpoint.resume", self.resume))  # "~/runs/..." as a shell reads it
 

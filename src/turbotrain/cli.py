@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                    "bf16,fp16,compile,accum,channels_last,convnet,act_ckpt,fused_opt,fused_loss,workers,all")
     b.add_argument("--repeats", type=int, default=1, help="runs per variant; the median is reported")
     b.add_argument("--converge", action="store_true", help="judge convergence parity (val loss within 1%%, acc 0.3 pt)")
-    b.add_argument("--compare", default="", help="comma list of accelerate,fabric: same workload through them")
+    b.add_argument("--compare", default=None, help="comma list of accelerate,fabric: same workload through them")
     tu = with_config("tune", "the fastest configuration that fits, for this model: short measured trials")
     tu.add_argument("--budget-min", type=float, default=10.0, help="wall-clock budget in minutes, trials included "
                     "(default 10)")
@@ -156,12 +156,20 @@ def _user_code_on_path(config: str | None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dirs + old)
 
 
+def _is_path(arg: str) -> bool:
+    """A CONFIG holding `=` that is a file all the same (a=b.toml): an existing one, or a path (a separator before
+    the `=`, where an override's key has none unless quoted, as in model.args."a/b"=1)."""
+    key = arg.split("=")[0]
+    return os.path.isfile(os.path.expanduser(arg)) or \
+        (not any(q in key for q in "\"'") and any(sep in key for sep in "/\\"))
+
+
 def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """`turbotrain train train.steps=3` — an override in the config slot means "default preset"."""
     if config is not None and not config.strip():  # `train ""` or `train "$UNSET"`: never the default silently
         raise UserError("CONFIG is an empty string; name a preset or a .toml file (or leave it out for "
                         "the default preset gpt-shakespeare)")
-    if config is not None and "=" in config:
+    if config is not None and "=" in config and not _is_path(config):
         return None, [config, *overrides]
     return config, overrides
 
@@ -205,7 +213,10 @@ def _bench(args: argparse.Namespace) -> None:
     if variants == []:  # `--variants ""` (an unset shell variable, say) is not a request for the default set
         raise UserError("--variants names no variant; give a comma list, e.g. --variants baseline,compile, or leave "
                         "it out for the default set")
-    compare = [c.strip() for c in args.compare.split(",") if c.strip()]
+    compare = [c.strip() for c in args.compare.split(",") if c.strip()] if args.compare is not None else []
+    if args.compare is not None and not compare:
+        raise UserError("--compare names no framework; give a comma list, e.g. --compare accelerate,fabric, or "
+                        "leave it out")
     run_bench(args.config, args.overrides, variants, args.repeats, args.converge, compare)
 
 
@@ -397,7 +408,13 @@ def _cpu_oom(e: BaseException) -> str | None:
 
 def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
-        return run(args)
+        if sys.stdout is None and args.command in ("config", "env", "presets", "data"):  # their product is stdout
+            raise UserError(f"stdout is closed, so `turbotrain {args.command}` has nowhere to print; run it with "
+                            "stdout open (a terminal, a file or a pipe)")
+        rc = run(args)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full disk or a gone reader is said here, not at interpreter exit
+        return rc
     except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number
         return e.code if isinstance(e.code, int) else int(e.code is not None)
     except UserError as e:
@@ -405,6 +422,14 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return _interrupted()
+    except OSError as e:  # stdout's reader gone, or its disk full: said, not a traceback
+        if not _write_failed(e):
+            return _users_error(e)
+        why = ("cannot write to stdout (its reader exited); send the output to a pipe that reads it all, or a file"
+               if isinstance(e, BrokenPipeError) else f"a write failed ({e.strerror}); free space on the disk that "
+               "stdout or the run's files go to, or send stdout elsewhere")
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     except Exception as e:  # out of memory (GPU or host) is the user's to fix: say how
         import torch
 
@@ -419,6 +444,21 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
             print(f"error: out of memory on the host ({host}); {fixes}, or use a smaller model", file=sys.stderr)
             return 2
         return _users_error(e)
+
+
+def _write_failed(e: OSError) -> bool:
+    """Whether `e` is a write that found its reader gone or its disk full (ENOSPC, EDQUOT), with no file named
+    (stdout, /dev/full): then stdout is pointed at the null device, so the interpreter's last flush does not fail
+    a second time."""
+    import errno
+
+    if not isinstance(e, BrokenPipeError) and (e.errno not in (errno.ENOSPC, errno.EDQUOT) or e.filename):
+        return False
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # in-process (a test's captured stdout): no descriptor
+        pass
+    return True
 
 
 def _users_error(e: Exception) -> int:

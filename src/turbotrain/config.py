@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import re
 import sys
 import tomllib
@@ -107,6 +108,8 @@ def show_value(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, (datetime.date, datetime.time)):  # as TOML wrote it, not datetime.date(2026, 1, 1)
+        return value.isoformat()
     try:
         return " ".join(repr(value).split())
     except ValueError:  # an integer past Python's int-to-text limit (a long hex literal in TOML)
@@ -119,6 +122,18 @@ def _bad_text(value: str) -> str | None:
     return "contains " + ", ".join(show_value(c) for c in bad) if bad else None
 
 
+def _did_you_mean(word: Any, choices: list[str]) -> str:
+    """" (did you mean X?)" for a misspelt or miscased key, section or preset name; "" when none is close."""
+    import difflib
+
+    def norm(x: str) -> str:  # case and _ vs - are the usual slips (mlp_seed, Train, grad-accum)
+        return x.lower().replace("_", "-")
+
+    by_norm = {norm(c): c for c in choices}
+    close = difflib.get_close_matches(norm(word), list(by_norm), n=1) if isinstance(word, str) else []
+    return f" (did you mean {by_norm[close[0]]}?)" if close else ""
+
+
 def _build_section(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, dict):
         raise UserError(f"[{section}] must be a table, got {show_value(table)}")
@@ -127,11 +142,14 @@ def _build_section(cls: type, table: Any, section: str) -> Any:
     kwargs = {}
     for key, value in table.items():
         if key not in fields:
-            raise UserError(f"unknown key {section}.{show_value(key) if _bad_text(key) else key}; "
-                            f"valid keys in [{section}]: {', '.join(fields)}")
+            raise UserError(f"unknown key {section}.{show_value(key) if _bad_text(key) else key}"
+                            f"{_did_you_mean(key, list(fields))}; valid keys in [{section}]: {', '.join(fields)}")
         ok, value = _coerce(value, hints[key])
         if not ok:
-            raise UserError(f"{section}.{key} = {show_value(value)}: expected {_describe(hints[key])}")
+            scalar = isinstance(value, (int, float, datetime.date, datetime.time))  # TOML read 1, true, a date
+            quote = f"; quote it to make it a string: \"{show_value(value)}\"" \
+                if scalar and "a string" in _describe(hints[key]) else ""
+            raise UserError(f"{section}.{key} = {show_value(value)}: expected {_describe(hints[key])}{quote}")
         # nan/inf pass every range check (nan < 0 is False): refused here for every float field, unless the
         # field says otherwise with dataclasses.field(metadata={"nonfinite": True})
         if isinstance(value, float) and not math.isfinite(value) and not fields[key].metadata.get("nonfinite"):
@@ -151,8 +169,8 @@ def config_from_dict(raw: dict) -> Config:
     kwargs = {}
     for name, table in raw.items():
         if name not in sections:
-            raise UserError(f"unknown section [{show_value(name) if _bad_text(name) else name}]; "
-                            f"valid sections: {', '.join(sections)}")
+            raise UserError(f"unknown section [{show_value(name) if _bad_text(name) else name}]"
+                            f"{_did_you_mean(name, list(sections))}; valid sections: {', '.join(sections)}")
         kwargs[name] = _build_section(hints[name], table, name)
     return Config(**kwargs)
 
@@ -242,7 +260,8 @@ def _read_text(path: Path, shown: str) -> str:
     if path.is_dir():
         raise UserError(f"config {shown} is a directory; pass a .toml file inside it or a preset name")
     if not path.exists():
-        raise UserError(f"config file {shown} not found")
+        preset = f" (the preset is {path.stem}, without .toml)" if _is_preset(path.stem) else ""
+        raise UserError(f"config file {shown} not found{preset}")
     if not path.is_file():
         raise UserError(f"config {shown} is not a regular file; pass a .toml file or a preset name")
     try:
@@ -278,7 +297,9 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     else:
         preset = resources.files("turbotrain.presets") / f"{source}.toml"
         if not _is_preset(source):
-            raise UserError(f"no preset or file named {show_value(source)}{via}; presets: {', '.join(list_presets())}")
+            hint = _did_you_mean(source, list_presets())
+            raise UserError(f"no preset or file named {show_value(source)}{via}{hint}; "
+                            f"presets: {', '.join(list_presets())}")
         ident, where = f"preset:{source}", f"preset {source}"
         text = preset.read_text(encoding="utf-8")
     seen = [i for i, _ in chain]
@@ -331,9 +352,18 @@ def name_from_stem(stem: str) -> str:
     return name if RunConfig.name_problem(name) is None else "run"
 
 
-def load_config(source: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """A preset or a .toml file, plus dotted overrides. A file's runs are named after it (`my.toml` → runs/my/)
-    unless the file itself sets run.name (a preset it extends does not count) or an override does."""
+def load_config(source: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A preset or a .toml file (a str, or a Path), plus dotted overrides. A file's runs are named after it
+    (`my.toml` → runs/my/) unless the file itself sets run.name (a preset it extends does not count) or an
+    override does."""
+    source = os.fspath(source) if isinstance(source, os.PathLike) else source
+    if source is not None and not isinstance(source, str):
+        raise UserError(f"load_config: source = {show_value(source)[:80]} ({type(source).__name__}); expected a "
+                        'preset name or a .toml path (a str or a Path), e.g. load_config("gpt-shakespeare")')
+    if not isinstance(overrides, (list, tuple, type(None))) or not all(isinstance(o, str) for o in overrides or ()):
+        raise UserError(f"load_config: overrides = {show_value(overrides)[:80]}: expected a list of KEY=VALUE "
+                        'strings, e.g. load_config("gpt-shakespeare", ["train.steps=30"])')
+    overrides = overrides or ()
     src = _load_source(source or DEFAULT_PRESET)
     raw = src.raw
     own_run = src.own.get("run")

@@ -135,6 +135,11 @@ def check_model(model: Any, names: Names = Names()) -> None:
         n = sum(1 for _ in model.parameters())
         raise UserError(f"{names.model}: the model has no trainable parameters ({n} parameters, none with "
                         f"requires_grad): give it layers or nn.Parameters to train, or unfreeze them")
+    sparse = [name or type(m).__name__ for name, m in model.named_modules()
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
+    if sparse:  # else the first step dies inside torch: the gradient clip, AdamW and DDP take dense gradients only
+        raise UserError(f"{names.model}: sparse=True in {', '.join(sparse[:3])}, whose sparse gradients turbotrain's "
+                        f"gradient clipping, optimizers and DDP/FSDP cannot take; build it with sparse=False")
 
 
 # ---------------------------------------------------------------- the data: first item and first batch
@@ -343,6 +348,10 @@ def _check_targets(kind: str | None, model: nn.Module, out: torch.Tensor, y: tor
     """The built-in losses' expectations of (output, targets), checked before the loss runs (an
     out-of-range class index is, again, a device-side assert on a GPU). `y_full`: all the targets, when
     `y` is the prefix the forward ran on. Returns the number of classes for cross-entropy, else None."""
+    if kind is not None and not out.is_floating_point():  # mse would drop a complex output's imaginary part
+        raise UserError(f"{names.loss}: the output of {names.model} is {_describe(out)}; {kind} needs a floating-point "
+                        f"output (an integer or bool one has no gradient, a complex one is not a real value); "
+                        f"return float logits or values")
     if kind == "cross_entropy":
         if y.is_floating_point() or y.dtype == torch.bool:
             raise UserError(f"{names.loss} needs integer class labels, {names.data} gives {_describe(y)} as "

@@ -40,7 +40,7 @@ def describe_env() -> dict:
     }
     info["peak_tflops"] = {d: (round(p / 1e12, 1) if (p := peak_flops(device, d)) else None)
                            for d in ("fp32", "tf32", "bf16", "fp16")}
-    info["distributed"] = describe_distributed(os.environ)
+    info["distributed"] = describe_distributed()
     info["integrations"] = describe_integrations()
     return info
 
@@ -55,32 +55,60 @@ INTEGRATIONS = ("transformers", "accelerate", "lightning", "wandb", "mlflow", "p
                 "tensorboard")
 
 
-def describe_distributed(environ) -> dict:
+INT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS", "SLURM_NTASKS",
+            "SLURM_STEP_NUM_TASKS")  # read with int() where the launcher's layout is worked out
+
+
+def describe_distributed(environ=os.environ) -> dict:
     """What a `train` started with this environment would join: the launcher, its world, the variables it
-    comes from, the NCCL version, the GPU topology, and the warnings a run would print."""
-    from turbotrain.distributed.env import restart_store_warning, slurm_exports, srun_tasks
+    comes from, the NCCL version, the GPU topology, and the warnings a run would print. A launch environment
+    that `train` would refuse is said as refused, with the reason: this command is where one looks for it."""
+    from turbotrain.distributed.env import restart_store_warning
     from turbotrain.errors import UserError
 
     out: dict = {}
-    if "RANK" in environ or "WORLD_SIZE" in environ:
-        out["launcher"] = f"torchrun (rank {environ.get('RANK', 0)} of {environ.get('WORLD_SIZE', 1)})"
-    elif srun_tasks(environ) > 1:
-        try:
-            x = slurm_exports(environ)
-            out["launcher"] = (f"slurm srun without torchrun (rank {x['RANK']} of {x['WORLD_SIZE']}, "
-                               f"head {x['MASTER_ADDR']}:{x['MASTER_PORT']})")
-        except UserError as e:
-            out["launcher"] = f"slurm srun, refused: {e}"
-    else:
-        out["launcher"] = "none (one process)" + (" inside a SLURM allocation" if "SLURM_JOB_ID" in environ else "")
+    bad = ", ".join(f"{k}={environ[k]!r}" for k in INT_VARS if k in environ and not _is_int(environ[k]))
+    try:
+        out["launcher"] = _launcher(environ)
+    except ValueError:
+        out["launcher"] = f"refused: {bad} is not an integer; fix or unset it (torchrun and srun set it themselves)"
     out.update({k: environ[k] for k in LAUNCH_VARS if k in environ})
     if torch.cuda.is_available():
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     if (topo := gpu_topology()) is not None:
         out["gpu_topology"] = topo
-    if (warning := restart_store_warning(environ)) is not None:
-        out["restarts"] = warning
+    try:
+        if (warning := restart_store_warning(environ)) is not None:
+            out["restarts"] = warning
+    except UserError as e:
+        out["restarts"] = f"refused: {e}"
     return out
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _launcher(environ) -> str:
+    from turbotrain.distributed.env import DistEnv, slurm_exports, srun_tasks
+    from turbotrain.errors import UserError
+
+    try:
+        if "RANK" in environ or "WORLD_SIZE" in environ:
+            if environ is os.environ:  # the ranges train checks (RANK past the world, LOCAL_RANK past its node)
+                DistEnv.from_environ()
+            return f"torchrun (rank {environ.get('RANK', 0)} of {environ.get('WORLD_SIZE', 1)})"
+        if srun_tasks(environ) > 1:
+            x = slurm_exports(environ)
+            return (f"slurm srun without torchrun (rank {x['RANK']} of {x['WORLD_SIZE']}, "
+                    f"head {x['MASTER_ADDR']}:{x['MASTER_PORT']})")
+    except UserError as e:
+        return f"{'torchrun' if 'RANK' in environ or 'WORLD_SIZE' in environ else 'slurm srun'}, refused: {e}"
+    return "none (one process)" + (" inside a SLURM allocation" if "SLURM_JOB_ID" in environ else "")
 
 
 def gpu_topology() -> str | None:

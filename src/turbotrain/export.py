@@ -64,7 +64,7 @@ def _full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _tied_duplicates(model: nn.Module) -> dict[str, str]:
     """{name: the name it is tied to} for every parameter that is another's (GPT-2's lm_head.weight is
-    transformer.wte.weight): safetensors stores a tensor once, `load_model` ties it again."""
+    transformer.wte.weight): safetensors stores a tensor once, `load` ties it again."""
     first: dict[int, str] = {}
     dup = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -281,14 +281,16 @@ def _load_device(device) -> torch.device:
 
 
 def _load_weights(model: nn.Module, weights: Path, into: str, fix: str) -> None:
-    """`weights` into `model`, every tensor and shape matching (tied duplicates are tied by the model itself)."""
-    from safetensors.torch import load_model
-
-    _materialise_lazy(model, weights, into, fix)
-    extra = any(not isinstance(v, torch.Tensor) for v in model.state_dict().values())
+    """`weights` into `model`, every tensor and shape matching, by torch's load_state_dict: it sizes lazy modules
+    (nn.LazyLinear) from the saved tensors, and it takes parameters that share a storage without being tied
+    (views of one fused tensor) and extra state, which safetensors' load_model refuses."""
+    state = _read_weights(weights)
+    for dup, first in _tied_duplicates(model).items():  # also for a file written without the "tied" record
+        if first in state:
+            state.setdefault(dup, state[first])
+    _materialise_meta(model, into, fix)
     try:
-        missing, unexpected = (_load_with_extra_state(model, weights) if extra else
-                               load_model(model, str(weights), strict=False))
+        missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a shape mismatch
         why = " ".join(str(e).split())[:200]
     else:
@@ -298,39 +300,47 @@ def _load_weights(model: nn.Module, weights: Path, into: str, fix: str) -> None:
     raise UserError(f"{weights}: does not fit {into} ({why}); {fix}")
 
 
-def _load_with_extra_state(model: nn.Module, weights: Path) -> tuple[list[str], list[str]]:
-    """(missing, unexpected) after loading a model whose state holds extra state (get_extra_state), which
-    safetensors' load_model cannot take: tied duplicates and the extra state come from the file's metadata."""
-    from safetensors import safe_open
+def _read_weights(weights: Path) -> dict:
+    """The tensors of a model.safetensors, with the tied duplicates and the extra state (get_extra_state) its
+    metadata records; one UserError when it is damaged (an exported folder has no final.json sha256 to check)."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    with safe_open(str(weights), "pt") as f:
-        meta = f.metadata() or {}
-    state: dict = load_file(str(weights))
-    for dup, first in json.loads(meta.get("tied") or "{}").items():
-        if first in state:
+    try:
+        with safe_open(str(weights), "pt") as f:
+            meta = f.metadata() or {}
+        state: dict = load_file(str(weights))
+        tied, extra = (json.loads(meta.get(key) or "{}") for key in ("tied", "extra_state"))
+        if not isinstance(tied, dict) or not isinstance(extra, dict):
+            raise ValueError("its metadata records are not JSON objects")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{weights}: damaged, not a readable model file ({' '.join(str(e).split())[:160]}); export "
+                        f"it again from its run: turbotrain export RUN_DIR --format safetensors") from None
+    for dup, first in tied.items():
+        if isinstance(first, str) and first in state:
             state[dup] = state[first]
-    state.update(json.loads(meta.get("extra_state") or "{}"))
-    return model.load_state_dict(state, strict=False)
+    state.update(extra)
+    return state
 
 
-def _materialise_lazy(model: nn.Module, weights: Path, into: str, fix: str) -> None:
-    """A model of lazy modules (nn.LazyLinear...) built afresh has no shapes until a forward: they come from
-    the saved tensors, as torch's load_state_dict gives them (safetensors' loader reads every tensor's
-    storage, which an uninitialised one has not)."""
-    from safetensors import safe_open
-    from torch.nn.parameter import is_lazy
+def _materialise_meta(model: nn.Module, into: str, fix: str) -> None:
+    """A factory that builds its model on the meta device (shapes, no storage; training materialised it) gives
+    one that holds no values until the saved weights fill it: CPU storage for each tensor, ties kept. A buffer
+    left out of the state (persistent=False) would keep whatever memory held, so it is refused."""
+    from turbotrain.distributed.meta_init import _tied
 
-    lazy = {name: t for name, t in [*model.named_parameters(), *model.named_buffers()] if is_lazy(t)}
-    if not lazy:
+    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if not meta:
         return
-    with safe_open(str(weights), "pt") as f:
-        absent = sorted(set(lazy) - set(f.keys()))
-        if absent:
-            raise UserError(f"{weights}: does not fit {into} (missing {absent[:3]}); {fix}")
-        with torch.no_grad():
-            for name, t in lazy.items():
-                t.materialize(tuple(f.get_slice(name).get_shape()))
+    unsaved = sorted(set(meta) - set(model.state_dict()))
+    if unsaved:
+        raise UserError(f"cannot load into {into}: it is built on the meta device and its buffers {unsaved[:3]} are "
+                        f"not saved (persistent=False), so nothing would set them; build them on the CPU; {fix}")
+    ties = _tied(model)
+    model.to_empty(device="cpu")
+    for slots in ties:  # to_empty gives each slot a tensor of its own: tie them again
+        for m, name in slots[1:]:
+            setattr(m, name, getattr(*slots[0]))
 
 
 def _for_inference(model: nn.Module) -> None:

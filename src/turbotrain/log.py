@@ -18,7 +18,21 @@ def is_rank0() -> bool:
 
 def say(msg: str) -> None:
     if is_rank0():
-        print(f"[turbotrain] {msg}", file=sys.stdout, flush=True)
+        console(f"[turbotrain] {msg}")
+
+
+def console(line: str) -> None:
+    """One line to stdout. A reader that went away (`turbotrain train ... | head`) ends the output, not the run:
+    its checkpoints and final model are still written, and the rest of the output goes to os.devnull."""
+    try:
+        print(line, file=sys.stdout, flush=True)
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # a stream without a descriptor (in-process capture)
+            sys.stdout = open(os.devnull, "w")
 
 
 def say_once(msg: str) -> None:

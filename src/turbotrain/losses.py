@@ -22,10 +22,9 @@ def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if out.numel() != y.numel():
         raise _shapes("mse compares them element by element, so they need the same size", out, y)
-    y = y.to(out.dtype)
-    if out.shape != y.shape and out.numel() == y.numel():
-        y = y.reshape(out.shape)
-    return F.mse_loss(out.float(), y.float())
+    # both in fp32, the targets as given: cast to a bf16 (autocast) or integer output's dtype first, they would
+    # be rounded, and the loss and its gradient computed against other targets
+    return F.mse_loss(out.float(), y.reshape(out.shape).float())
 
 
 def _shapes(need: str, out: torch.Tensor, y: torch.Tensor) -> UserError:

@@ -167,8 +167,9 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         # the Python API's datasets get the mapping of dict items that build_dataset gives the config's
         train_ds = (map_dict_items(train_data, "train_data") if train_data is not None
                     else build_dataset(cfg.data, "train"))
+        # no evaluation, no val split built: a factory (or a text corpus too short) without one still trains
         val_ds = map_dict_items(val_data, "val_data") if val_data is not None else (
-            build_dataset(cfg.data, "val") if train_data is None else None)
+            build_dataset(cfg.data, "val") if train_data is None and cfg.data.eval_batches else None)
         model, data_args = _build_model(cfg, model, train_ds, strategy, env.world_size)
         loss_in_code = loss_fn is not None and loss_fn is not cross_entropy
         loss_fn = loss_fn if loss_fn is not None else resolve_loss(cfg.train.loss)
@@ -389,8 +390,12 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
     if ckpt.loaded is None:  # every checkpoint was damaged (kept in checkpoints.old-N): a fresh start
         return 0, cfg
     if step >= t.steps:
+        run_dir = ckpt.dir.parent
+        lost = "" if ckpt.from_elsewhere or (run_dir / "final").is_dir() else \
+            f" (its final/ is missing: `turbotrain export {run_dir}` writes the model from this checkpoint)"
         raise UserError(f"the run already reached step {step} ({ckpt.loaded}) and asks for train.steps={t.steps}: "
-                        f"nothing to do; raise train.steps to continue it, or choose another run.name for a new run")
+                        f"nothing to do{lost}; raise train.steps to continue it, or choose another run.name for a new "
+                        "run")
     changed, meta = _apply_hyperparameters(tr, cfg), ckpt.loaded_meta
     was, now = meta.get("data"), data_identity(cfg, samples)
     moved = [f"{k} {was[k]!r} → {now[k]!r}" for k in now if isinstance(was, dict) and was.get(k) != now[k]]

@@ -14,9 +14,11 @@ each phase (data, forward, backward, optimizer) is a named range in the trace:
   each part is measured, none estimated.
 
 The verdict names the largest stall above its threshold (data wait, exposed communication, host overhead:
-time the step waits), else the largest working part (the optimizer by name; forward or backward as
-compute). Every verdict but compute-bound comes with at least one fix; where no config key is left, the fix
-is a change to the user's code or machine. `profile` refuses a run directory that a training run holds and
+time the step waits), else the larger working part: the optimizer by name where it outweighs forward and
+backward together, else compute, unless on a CPU that compute is mostly ops on tiny tensors (per-op overhead:
+host-overhead-bound). Host reads of tensor values inside forward/backward put their removal first. Every
+verdict but compute-bound comes with at least one fix; where no config key is left, the fix is a change to
+the user's code or machine. `profile` refuses a run directory that a training run holds and
 writes nothing through a symbolic link there.
 
 Usage: `turbotrain profile gpt2-124m precision.dtype=bf16 compile.enabled=false`.
@@ -138,6 +140,48 @@ def _kernel_phases(events, device_evts, kernels) -> list[str | None]:
         ph = inside(launch.get(k.id), ranges) or inside((k.time_range.start + k.time_range.end) / 2, spans)
         out.append(ph or linked.get(getattr(k, "linked_correlation_id", -1)))
     return out
+
+
+def _calls(evt):
+    """The torch ops called directly inside a host range, looking through nested ranges."""
+    for c in evt.cpu_children:
+        yield from (_calls(c) if _is_annotation(c) else (c,))
+
+
+def _numel(evt) -> int:
+    """The largest tensor an op (or an autograd node, through the ops it ran) reads or allocates, in 4-byte
+    elements: its size of work (a scalar's gradient into a large parameter reads a scalar, writes the whole)."""
+    shapes = [s for s in (getattr(evt, "input_shapes", None) or [])  # a tensor list's entry is a list of shapes
+              if isinstance(s, list) and s and all(isinstance(d, int) for d in s)]
+    own = max([math.prod(s) for s in shapes] + [abs(getattr(evt, "cpu_memory_usage", 0) or 0) // 4])
+    return max([own, *(_numel(c) for c in evt.cpu_children)])
+
+
+TINY_NUMEL = 4096  # an op on fewer elements does less arithmetic than its dispatch costs on a CPU core
+
+
+def tiny_op_share(events) -> float:
+    """On a CPU, the share of forward+backward op time spent in ops on tensors under TINY_NUMEL elements: per-op
+    overhead (dispatch, autograd bookkeeping, allocation), not arithmetic. Such a step reads as compute in the
+    breakdown, yet its levers are the host's: more samples per op, fewer (fused) ops."""
+    calls = [c for e in events if e.name in (phases.PREFIX + "forward", phases.PREFIX + "backward")
+             for c in _calls(e)]
+    total = sum(c.cpu_time_total for c in calls)
+    return sum(c.cpu_time_total for c in calls if _numel(c) < TINY_NUMEL) / total if total > 0 else 0.0
+
+
+def host_reads(events, n_steps: int) -> float:
+    """Reads of a tensor's value by the host per step inside forward and backward (`.item()`, `float(t)`,
+    `if t:` all end in `_local_scalar_dense`): on a GPU each waits for every kernel queued before it."""
+    reads = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                and e.name in ("aten::_local_scalar_dense", "aten::item") and not _read_inside_read(e)
+                and _phase_of(e) in ("forward", "backward"))
+    return reads / max(1, n_steps)
+
+
+def _read_inside_read(e) -> bool:
+    p = e.cpu_parent  # aten::item calls _local_scalar_dense: one read, not two
+    return p is not None and p.name == "aten::item"
 
 
 def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dict, list[dict]]:
@@ -361,36 +405,71 @@ def groups(shares: dict) -> dict[str, float]:
             "optimizer": shares["optimizer"]}
 
 
-def bottleneck(shares: dict) -> str:
-    """The part the verdict names: the largest stall above its threshold, else the largest working part."""
+TINY_BOUND = 0.6  # a CPU step whose compute is mostly ops on tiny tensors is bound by per-op overhead
+
+
+def bottleneck(shares: dict, tiny: float = 0.0) -> str:
+    """The part the verdict names: the largest stall above its threshold, else the largest working part, where
+    forward and backward are one (compute): an optimizer at 40% beside 60% of compute does not bound the step.
+    Compute spent mostly in ops on tiny tensors (`tiny`, CPU only) is host overhead: per-op cost, not arithmetic."""
     g = groups(shares)
     stalls = [k for k, t in STALLS.items() if g[k] >= t]
-    return max(stalls or ("forward", "backward", "optimizer"), key=g.__getitem__)
+    if stalls:
+        return max(stalls, key=g.__getitem__)
+    if g["optimizer"] > g["forward"] + g["backward"]:
+        return "optimizer"
+    return "host" if tiny >= TINY_BOUND else max(("forward", "backward"), key=g.__getitem__)
 
 
 LABELS = {"data": "data wait", "communication": "exposed communication", "host": "host overhead"}
 
 
-def describe(shares: dict) -> str:
+def describe(shares: dict, tiny: float = 0.0) -> str:
     """The numbers behind the verdict, its part first: "optimizer 81% of the step (backward 14%, ...)"."""
-    g, part = groups(shares), bottleneck(shares)
+    g, part = groups(shares), bottleneck(shares, tiny)
     rest = ", ".join(f"{LABELS.get(k, k)} {v:.0%}" for k, v in sorted(g.items(), key=lambda kv: -kv[1])
                      if k != part and v >= 0.01)
+    if part == "host" and g["host"] < STALLS["host"]:  # named through its tiny ops: say so, with their numbers
+        return (f"per-op overhead: forward+backward {g['forward'] + g['backward']:.0%} of the step, {tiny:.0%} of "
+                f"it in ops on tensors under {TINY_NUMEL:,} elements ({rest})")
     return f"{LABELS.get(part, part)} {g[part]:.0%} of the step" + (f" ({rest})" if rest else "")
 
 
-def verdict(shares: dict, run: Run, memory: dict) -> tuple[str, list[dict]]:
+def _reads_tip(reads: float, share: float) -> dict:
+    # CUDA graphs cannot capture a read either: the capture fails on the sync, so that advice is dropped with it
+    return _tip("remove the host reads from the model and the loss", f"forward and backward read {reads:.0f} tensor "
+                "value(s) per step on the host (.item(), float(t), `if t:`): on a GPU each waits for every kernel "
+                "queued before it, anywhere each is a Python round trip; keep such values as tensors, or read them "
+                "every train.log_every steps in a callback", share)
+
+
+def _tiny_advice(run: Run, compute: float) -> list[dict]:
+    c, b, recs = run.cfg.compile, run.cfg.data.batch_size, []
+    why = (f"forward+backward are {compute:.0%} of the step, mostly ops on tensors too small for their arithmetic "
+           "to outweigh their per-op cost")
+    recs.append(_rec(f"data.batch_size={b * 2}", f"{why}: the same ops on twice the samples cost about the same",
+                     compute))
+    if not c.enabled:
+        recs.append(_rec("compile.enabled=true", f"{why}: compiled, the elementwise ops fuse into fewer", compute))
+    recs.append(_tip("vectorize the model's small ops", f"{why}: a Python loop of small tensor ops (per sample, "
+                     "per position, per element) is one op per iteration; batch it into one tensor op", compute))
+    return recs
+
+
+def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: float = 0.0) -> tuple[str, list[dict]]:
     """The bottleneck and ranked recommendations, the verdict's own first: every verdict but compute-bound
     comes with at least one. Each config recommendation can be pasted as it is on this machine: none names a
-    device it does not have."""
+    device it does not have. `tiny`: tiny_op_share of a CPU step; `reads`: host_reads per step."""
     on_gpu = run.trainee.device.type == "cuda"
     g = groups(shares)
     compute = g["forward"] + g["backward"]
     mem_frac = memory.get("peak_allocated_gib", 0) / memory["device_total_gib"] if memory.get("device_total_gib") else 0
     advice = {"data": _data_advice, "communication": _comm_advice, "host": _host_advice,
               "optimizer": _optimizer_advice}
-    part = bottleneck(shares)
-    if part in STALLS or part == "optimizer":
+    part = bottleneck(shares, 0.0 if on_gpu else tiny)
+    if part == "host" and g["host"] < STALLS["host"]:
+        kind, recs = "host-overhead-bound", _tiny_advice(run, compute)
+    elif part in STALLS or part == "optimizer":
         kind = {"data": "data-bound", "communication": "communication-bound", "optimizer": "optimizer-bound",
                 "host": "host/launch-bound" if on_gpu else "host-overhead-bound"}[part]
         recs = advice[part](run, g[part])
@@ -398,11 +477,15 @@ def verdict(shares: dict, run: Run, memory: dict) -> tuple[str, list[dict]]:
         kind, recs = "memory-bound", _memory_advice(run, mem_frac)
     else:
         kind, recs = "compute-bound", []
+    if kind.startswith("host") and reads >= 1:  # the host waits on itself: no config key removes a read
+        recs = [_reads_tip(reads, recs[0]["evidence_share"]), *(r for r in recs if "reduce-overhead" not in r["set"])]
     # then the other parts large enough to matter, largest first; compute-side advice last, whatever the verdict
     limits = {**STALLS, "optimizer": OPTIMIZER_SECONDARY}
     for other in sorted(limits, key=lambda k: -g[k]):
         if other != part and g[other] >= limits[other]:
             recs += advice[other](run, g[other])
+    if not on_gpu and tiny >= TINY_BOUND:  # under any verdict, compute in tiny ops has the host's levers
+        recs += _tiny_advice(run, compute)
     recs += _compute_advice(run, compute)
     ranked, seen = [], set()
     for r in recs:  # one fix named by two parts is given once, at its first (higher) rank
@@ -533,7 +616,8 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
-    kind, recs = verdict(shares, run, memory)
+    tiny, reads = 0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active)
+    kind, recs = verdict(shares, run, memory, tiny, reads)
     bad = sum(not math.isfinite(float(loss)) for loss in losses)
     notes = _notes(run, bad, len(losses))
     with _written_whole(out / f"trace{suffix}.json.gz") as gz:
@@ -554,7 +638,8 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
         "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
         "breakdown_share": shares,
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
-        "verdict": kind, "bottleneck": bottleneck(shares), "verdict_detail": describe(shares),
+        "verdict": kind, "bottleneck": bottleneck(shares, tiny), "verdict_detail": describe(shares, tiny),
+        "tiny_op_share": None if on_gpu else round(tiny, 4), "host_reads_per_step": reads,
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
         "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "

@@ -122,7 +122,10 @@ def load_run(run_dir: str | Path) -> RunFiles:
     run.summary = _json(path, "summary.json", run.damaged)
     run.profile = _json(path, "profile/report.json", run.damaged)
     run.state = run_state(run)
-    run.alerts, run.alerts_unreadable = _jsonl(path / "alerts.jsonl", True, live=run.state == "running")
+    alerts, run.alerts_unreadable = _jsonl(path / "alerts.jsonl", True, live=run.state == "running")
+    # an alert is a record of a rule: one whose rule is not a name (a list, a number: damaged) is unreadable
+    run.alerts = [a for a in alerts if isinstance(a.get("rule"), str)]
+    run.alerts_unreadable += len(alerts) - len(run.alerts)
     return run
 
 
@@ -146,6 +149,10 @@ def file_notes(run: RunFiles) -> list[str]:
         n = run.metrics_unreadable
         notes.append(f"{n} line{'s' * (n != 1)} of metrics.jsonl unreadable (damaged or cut short): not shown")
     notes += [f"{name} unreadable (damaged or cut short): read as absent" for name in run.damaged]
+    end, last = (run.summary or {}).get("steps"), run.last_row.get("step")
+    if _finite(end) and (last is None or last < end):  # the run logged up to `end`: rows after `last` are gone
+        notes.append(f"metrics.jsonl ends at step {_fmt(last)} but summary.json at step {_fmt(end)}: rows were lost "
+                     "(the file was cut, replaced or could not be written)")
     share = _exposed_comm(run.profile)
     if share is not None and not _finite(share):
         notes.append(f"profile/report.json: breakdown_share.exposed_comm is not a number ({_fmt(share)[:40]}): "

@@ -230,7 +230,10 @@ def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:
     workers = c.cfg.data.num_workers
     if d.pin_memory == "auto" or not on_gpu:  # page-locked memory speeds host→GPU copies only
         c.set("data", "pin_memory", on_gpu, "" if d.pin_memory == "auto" else "no GPU to copy batches to")
-    if d.prefetch_factor == "auto":
+    if not workers:  # batches are read in the training process: nothing prefetches them, whatever was set
+        c.set("data", "prefetch_factor", "auto",
+              "" if d.prefetch_factor == "auto" else "data.num_workers = 0: no worker processes to prefetch")
+    elif d.prefetch_factor == "auto":
         c.set("data", "prefetch_factor", 4)
     if d.persistent_workers == "auto" or not workers:
         c.set("data", "persistent_workers", workers > 0,

@@ -105,8 +105,10 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
                     continue
                 unit = ("GPU" if on_gpu else "CPU process") + ("es" if n > 1 and not on_gpu else "s" if n > 1 else "")
                 name = names[strategy, n, r]
+                # never resumed: a run of that name with checkpoints (the user's, an earlier tool's) would train
+                # from its step on, or not at all, and the row would time a different run
                 extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0",
-                         "checkpoint.final=false"]
+                         'checkpoint.resume="never"', "checkpoint.final=false"]
                 if not on_gpu:
                     extra.append("run.device=\"cpu\"")
                 what = f"scale: {strategy} on {n} {unit}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import threading
 import time
@@ -24,7 +25,7 @@ from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.distributed.env import DistEnv, all_mean, shutdown
 from turbotrain.export import write_final
-from turbotrain.log import Heartbeat, say
+from turbotrain.log import Heartbeat, is_rank0, say
 from turbotrain.monitor.run_monitor import RunMonitor
 from turbotrain.prepare import Run, check_config, prepare
 from turbotrain.rundir import write_run_file
@@ -46,7 +47,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
         cfg.monitor.check_sinks(env.local_rank, env.is_main)  # trackers importable, port free: before the run dir
         run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing to save
         hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
-        stop = StopRequest()  # from here until the final checkpoint and summary are written, a signal waits
+        # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
+        stop = StopRequest(saves=bool(run.cfg.checkpoint.every))
         with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
             return _train(run, hooks, metrics, stop, t_start)
     finally:
@@ -66,17 +68,32 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
         hooks.call("on_train_start", run.start_step)
         done = _loop(run, monitor, hooks, metrics, stop)
     except Stopped as e:
-        say(f"{e}; " + ("checkpoint saved — rerun the same command to resume" if run.cfg.checkpoint.every else
-                       "checkpointing is off (checkpoint.every=0): progress is lost"))
+        say(f"{e}; " + ("checkpoint saved — rerun the same command to resume" if e.saved else
+                       "no checkpoint of it (non-finite): a rerun resumes from the last good checkpoint, if any"
+                       if run.cfg.checkpoint.every else "checkpointing is off (checkpoint.every=0): progress is lost"))
         raise SystemExit(128 + e.signum)
     finally:
         monitor.close()
     if run.cfg.checkpoint.every or run.cfg.checkpoint.final:
         run.refuse_nonfinite_weights(done)  # a loss can stay finite over NaN weights: never saved
-    if run.cfg.checkpoint.every:
-        _save(run, hooks, done)
+    # final/ before the end checkpoint: a crash between them leaves steps for the rerun to redo (and final/ to write
+    # again); the other order could leave a finished run without final/, which no rerun writes
     if run.cfg.checkpoint.final:
         write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
+    if run.cfg.checkpoint.every:
+        _save(run, hooks, done)
+    summary = _summary(run, monitor, done, t_start)  # summary.json last: it marks the run finished (watch, report)
+    hooks.call("on_train_end", done, summary, loss=summary["final_loss"])
+    if stop.signum:
+        say(f"received {signal.Signals(stop.signum).name} during the final save; the run had finished and is saved")
+    say(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, loss {summary['final_loss']:.4f}"
+        + (f", val_loss {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else "")
+        + f" → {run.rundir.path}")
+    return summary
+
+
+def _summary(run: Run, monitor: RunMonitor, done: int, t_start: float) -> dict:
+    """The run's summary, written to summary.json by rank 0."""
     tr = run.trainee
     summary = monitor.summary(done, time.perf_counter() - t_start, run.cfg.compile.enabled, run.info)
     if run.cfg.compile.enabled:
@@ -87,12 +104,6 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
             f"{summary['fxgraph_cache_miss']} compiled")
     if run.env.is_main:
         write_run_file(run.rundir.path / "summary.json", json.dumps(summary, indent=2))
-    hooks.call("on_train_end", done, summary, loss=summary["final_loss"])
-    if stop.signum:
-        say(f"received {signal.Signals(stop.signum).name} during the final save; the run had finished and is saved")
-    say(f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s, loss {summary['final_loss']:.4f}"
-        + (f", val_loss {summary['val_loss']:.4f}" if summary.get("val_loss") is not None else "")
-        + f" → {run.rundir.path}")
     return summary
 
 
@@ -131,10 +142,13 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             monitor.write(row, run.batches.wait_s)
             if is_eval:
                 hooks.call("on_eval_end", done, loss=row["loss"])
-        if _agreed_stop(stop, run, check=is_log or run.env.world_size == 1):
-            if every:
+        # at the last step the run ends as a finished one (end checkpoint, final/, summary): a stop there would
+        # leave no final/, and the rerun it asks for would find nothing left to train
+        if done < t.steps and _agreed_stop(stop, run, check=is_log or run.env.world_size == 1):
+            saved = bool(every) and _finite(run, loss, grad_norm)  # a NaN checkpoint would be the one resumed
+            if saved:
                 _save(run, hooks, done)
-            raise Stopped(stop.signum, done)
+            raise Stopped(stop.signum, done, saved)
         if every and done % every == 0 and done < t.steps and _finite(run, loss, grad_norm):  # sync point
             t0 = time.perf_counter()
             _save(run, hooks, done, wait=False)  # the end and stop saves wait for theirs
@@ -185,15 +199,26 @@ def _agreed_stop(stop: StopRequest, run: Run, check: bool) -> bool:
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; the loop finishes the step, saves a checkpoint and exits."""
+    """SIGTERM/SIGINT set a flag; the loop finishes the step, saves a checkpoint and exits. A second SIGINT (Ctrl-C
+    again) raises KeyboardInterrupt at once; a repeated SIGTERM waits, as a scheduler may send it more than once."""
 
-    def __init__(self):
-        self.signum = 0
+    def __init__(self, saves: bool = True):
+        self.signum, self.saves = 0, saves
         self._old = {}
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum:  # Ctrl-C again: the user will not wait (a step hung on a read)
+            self.restore()
+            raise KeyboardInterrupt
+        if not self.signum and is_rank0():  # a long step or evaluation is silent until it ends: say what comes
+            try:  # os.write: a print here could re-enter the print the loop is in
+                then = "saving and exiting" if self.saves else "exiting (checkpoint.every=0: nothing is saved)"
+                os.write(1, f"[turbotrain] {signal.Signals(signum).name}: finishing this step, then {then} (Ctrl-C "
+                            "again: stop at once, without saving this step)\n".encode())
+            except OSError:
+                pass
         self.signum = signum
 
     def restore(self) -> None:
@@ -203,6 +228,6 @@ class StopRequest:
 
 
 class Stopped(Exception):
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int, saved: bool):
         super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}")
-        self.signum, self.step = signum, step
+        self.signum, self.step, self.saved = signum, step, saved

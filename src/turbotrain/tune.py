@@ -206,7 +206,7 @@ class Search:
         t = {"id": f"t{len(self.trials):02d}", "dimension": dimension, "label": cand.label, "tried": cand.changes,
              "config": config, "est_mem_gib": cand.est_mem_gib, **({"numerics": True} if cand.numerics else {})}
         self.trials.append(t)
-        skip = cand.skip or self._pruned(cand) or self._over_budget(cand)
+        skip = cand.skip or self._base_failed(cand) or self._pruned(cand) or self._over_budget(cand)
         if skip:
             t.update(status="skipped", reason=skip)
             say(f"tune: skipped {cand.label}: {skip}")
@@ -222,6 +222,12 @@ class Search:
         say(f"tune: {cand.label}: " + (f"{t['samples_per_s']:,.1f} samples/s, {t['status']}"
                                        if t.get("samples_per_s") else f"{t['status']} ({t['reason']})"))
         return t
+
+    def _base_failed(self, cand: Candidate) -> str | None:
+        """A candidate changes speed levers only: where the input config itself fails (not out of memory, which
+        a smaller micro-batch may cure), every candidate fails the same way, each costing a trial's time."""
+        base = self.trials[0] if cand.changes and self.trials else {}
+        return f"the input config fails ({base['id']}): fix it first" if base.get("status") == "error" else None
 
     def _pruned(self, cand: Candidate) -> str | None:
         if cand.unless_slower and self.ctx.best_fits:

@@ -14,6 +14,7 @@ from turbotrain.config import _toml_key, _toml_value, apply_override, config_pat
 from turbotrain.files import make_dir
 from turbotrain.log import say
 from turbotrain.rundir import write_run_file
+from turbotrain.tune_space import NUMERICS_KEYS
 
 
 def write_outputs(tune_dir: Path, result: dict) -> None:
@@ -31,11 +32,27 @@ def write_outputs(tune_dir: Path, result: dict) -> None:
         return
     launcher = (f"torchrun --nproc_per_node={result['world_size']} -m turbotrain"
                 if result["world_size"] > 1 else "turbotrain")
-    result.update(tuned_toml=str(tuned), command=f"{launcher} train {tuned}")
+    result.update(tuned_toml=str(tuned), command=f"{launcher} train {tuned}", numerics=numerics_note(result))
     write_run_file(tuned, tuned_toml(result))
     _write_record(tune_dir, result)
     say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
     say(f"tune: train with the result: {result['command']}")
+    if result["numerics"]:
+        say(f"warning: {result['numerics']}")
+
+
+def numerics_note(result: dict) -> str | None:
+    """What the winner changes beyond speed: its precision keys round (FP8: compute) differently from the input
+    config, so the loss curve is not the input's; said wherever the winner is, unless a convergence check held."""
+    changed = {k: v for k, v in (result["winner"] or {}).get("changes", {}).items() if k in NUMERICS_KEYS}
+    if not changed:
+        return None
+    what = ", ".join(f"{k}={_toml_value(v)}" for k, v in changed.items())
+    conv = result.get("converge") or {}
+    if conv.get("checked") and "parity held" in str(conv.get("verdict")):
+        return f"{what} changes the numerics from the input config; the convergence check held parity"
+    return (f"{what} changes the numerics from the input config (rounding, not the model or the batch): the loss "
+            "curve will differ slightly; check it with tune --converge, or bench --converge")
 
 
 def _write_record(tune_dir: Path, result: dict) -> None:
@@ -80,8 +97,9 @@ def tuned_toml(result: dict) -> str:
         section, name = key.split(".", 1)
         raw.setdefault(section, {})[name] = value
         comments[key] = effects.get((key, _toml_value(value)), f"part of {w['label']}, the finalists' fastest median")
-        if key == "precision.fp8" and value != "off":
-            comments[key] += "; FP8 changes the numerics: check the loss (tune --converge, or bench --converge)"
+    note = numerics_note(result)
+    for key in (k for k in changes if k in NUMERICS_KEYS) if note else ():  # said where the change is
+        comments[key] += f"; {note}"
     if not changes:
         head = "nothing measured faster than the input config beyond noise: it is kept unchanged"
     else:
@@ -140,6 +158,8 @@ def format_table(result: dict) -> str:
         lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config "
                      f"(finalists' medians); changes: "
                      f"{', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
+    if result.get("numerics"):
+        lines.append(f"\n**Numerics:** {result['numerics']}.")
     if result.get("converge"):
         lines.append(f"\nConvergence check: {result['converge']}")
     if result.get("command"):

@@ -161,7 +161,7 @@ def test_non_finite_stop_is_recorded_then_raised(tmp_path):
 
 
 def test_every_rule_name_is_known():
-    assert len(set(RULES)) == 14 and {"hung_step", "straggler", "loss_nonfinite"} <= set(RULES)
+    assert len(set(RULES)) == 16 and {"hung_step", "straggler", "loss_nonfinite"} <= set(RULES)
 
 
 @pytest.mark.parametrize("override, key", [({"prometheus_port": 70000}, "prometheus_port"),

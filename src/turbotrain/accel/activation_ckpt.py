@@ -3,11 +3,13 @@
 "full": a block keeps only its input; everything inside is recomputed in backward.
 "selective": op-level policy — outputs of matmuls and attention (expensive to redo) are saved, cheap
 pointwise/normalization ops are recomputed. Less memory than none, less recompute than full.
-Results are unchanged either way (tested); only backward FLOPs and memory move. One exception: the recompute runs
-a block's BatchNorm layers in training mode again, so their running statistics are updated twice per step.
+Results are unchanged either way (tested); only backward FLOPs and memory move. The eager recompute runs the block
+in training mode again, so the block's buffers (BatchNorm's running statistics, a user's counters) are put back as
+the forward left them (a compiled graph recomputes without its buffer writes).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Literal
@@ -58,10 +60,32 @@ def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
             # the recompute reads again
             return block_forward(*(t.clone() if isinstance(t, torch.Tensor) else t for t in a), **k)
 
-    if mode == "selective":
-        ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    if torch.compiler.is_compiling():  # the graph's recompute leaves buffers alone; only torch's SAC contexts trace
+        if mode == "selective":
+            ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=ctx, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    def contexts():
+        fwd, recompute = (create_selective_checkpoint_contexts(_policy) if mode == "selective"
+                          else (contextlib.nullcontext(), contextlib.nullcontext()))
+        return fwd, _buffers_kept(block, recompute)
+
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+
+
+@contextlib.contextmanager
+def _buffers_kept(block: nn.Module, inner):
+    """The recompute inside `inner`, the block's buffers restored after it: a second training-mode forward must
+    not update BatchNorm's running statistics (or any state the block keeps) a second time."""
+    saved = [(b, b.detach().clone()) for b in block.buffers()]
+    try:
+        with inner:
+            yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:

@@ -2,7 +2,7 @@
 
 Compilation is lazy: it happens in the first forward/backward. The trainer therefore times the first
 step as compile time and, when that step raises a compiler error, calls `disable_compile` and redoes the
-step eagerly, printing the reason once.
+step eagerly, printing the reason once (with compile.fullgraph = true the error ends the run instead).
 """
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
             targets = list(blocks)
     for m in targets:
         m.compile(**kwargs)
+        m.turbotrain_fullgraph = cfg.fullgraph  # read by disable_compile: a fullgraph compile must fail, not fall back
     return targets
 
 
@@ -152,6 +153,12 @@ def disable_compile(compiled: list[nn.Module], exc: BaseException) -> None:
         root = getattr(root, "inner_exception", None) or root.__cause__
     text = str(root).strip()
     reason = f"{type(root).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    if any(getattr(m, "turbotrain_fullgraph", False) for m in compiled):  # asked to fail rather than run otherwise
+        from turbotrain.errors import UserError
+
+        raise UserError(f"compile.fullgraph = true: torch.compile could not compile the model as one graph "
+                        f"({reason}); remove what it names (a graph break), or set compile.fullgraph = false "
+                        f"to let the graph break (or fall back to eager)") from None
     say(f"compile: failed ({reason}); falling back to eager")
     for m in compiled:
         m._compiled_call_impl = None

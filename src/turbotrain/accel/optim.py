@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from turbotrain.log import say
+from turbotrain.log import say, say_once
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
@@ -136,6 +136,9 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str, min
 
 
 def build_scheduler(opt: torch.optim.Optimizer, warmup_steps: int, total_steps: int, schedule: str):
+    if warmup_steps > total_steps:  # a short trial of a long run's config, often: said, since its LR differs
+        say_once(f"warning: train.warmup_steps={warmup_steps} > train.steps={total_steps}: the LR rises for the "
+                 f"whole run and peaks at {total_steps / warmup_steps:.0%} of train.lr")
     return torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_lambda(s, warmup_steps, total_steps, schedule)
     )

@@ -236,14 +236,19 @@ def synthetic(split: str, kind: str = "tokens", size: int = 1024, seed: int = 12
                  in_features=a["in_features"])
 
 
+def host_memory_bytes() -> int | None:
+    """This host's physical memory; None where it cannot be read (not a POSIX host: torch's own error stands)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _fits_host(what: str, arg: str, nbytes: int) -> None:
     """The synthetic data is made in host memory at once: more than the host has is refused before torch tries
     (it would fail naming an allocation, or overflow its int64 sizes, not the data.args that asked for it)."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX host: torch's own error stands
-        return
-    if nbytes > total:
+    total = host_memory_bytes()
+    if total is not None and nbytes > total:
         raise UserError(f"data.args: synthetic data of {what} takes {nbytes / 2**30:,.0f} GiB, more than this host's "
                         f"{total / 2**30:,.0f} GiB of memory; lower data.args.size or data.args.{arg}")
 
@@ -328,6 +333,11 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__") or isinstance(ds, (str, bytes, torch.Tensor)):
         raise UserError(f"{who}: got {type(ds).__name__}, not a map-style Dataset (an object with __getitem__ and "
                         f"__len__ whose items are (inputs, targets)), e.g. torch.utils.data.TensorDataset(x, y)")
+    if isinstance(ds, (tuple, list)) and len(ds) == 2 \
+            and all(isinstance(t, (torch.Tensor, np.ndarray)) and t.ndim >= 1 for t in ds):
+        # (x, y) itself: as a dataset it would be two items, each a whole tensor
+        raise UserError(f"{who}: got a {type(ds).__name__} of two arrays of {len(ds[0])} and {len(ds[1])} rows, "
+                        f"not a dataset of (inputs, targets) items; wrap them: torch.utils.data.TensorDataset(x, y)")
     if isinstance(ds, Mapping):  # an HF DatasetDict or a dict of splits: ds[0] would be a KeyError
         raise UserError(f"{who}: got a {type(ds).__name__} of splits ({', '.join(map(repr, list(ds)[:4]))}), not one "
                         f"dataset; pass one split, e.g. train_data=ds['train'], val_data=ds['validation']")

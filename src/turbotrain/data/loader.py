@@ -8,6 +8,8 @@ needs nothing but k.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.connection
 import signal
 import time
 from dataclasses import dataclass, field
@@ -15,8 +17,9 @@ from typing import Any, Iterator, Literal
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data._utils import signal_handling
 
-from turbotrain.data.datasets import BUILTIN, TensorDataset, map_dict_items
+from turbotrain.data.datasets import BUILTIN, TensorDataset, host_memory_bytes, map_dict_items
 from turbotrain.errors import UserError
 from turbotrain.plugins import call_factory, is_import_spec, load_object, where
 
@@ -74,7 +77,8 @@ def build_dataset(cfg: DataConfig, split: str) -> Dataset:
     factory = load_object(cfg.name, "data.name") if is_import_spec(cfg.name) else BUILTIN[cfg.name]
     ds = call_factory(factory, "data.args", split, **cfg.args)
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
-        raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__}, not a map-style Dataset")
+        raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__} for split {split!r}, "
+                        f"not a map-style Dataset (an object with __getitem__ and __len__)")
     return map_dict_items(ds, f"data.name = {cfg.name!r}")
 
 
@@ -86,14 +90,22 @@ class StepSampler:
         self.n, self.micro, self.accum, self.rank, self.world = n, micro, accum, rank, world
         self.seed, self.start_step, self.shuffle = seed, start_step, shuffle
         self.global_batch = micro * accum * world
+        if n == 0:  # lowering the batch size cannot help
+            raise UserError("data: the dataset is empty (0 samples: its len() is 0); check the data factory's "
+                            "data.args and the files or split it reads")
         if n < self.global_batch:
             raise UserError(
                 f"data: the dataset has {n} samples, fewer than one global batch of {self.global_batch} "
                 f"(batch_size {micro} x grad_accum {accum} x world {world}); lower data.batch_size"
             )
-        if n > MAX_ITEMS:  # each epoch's order is a permutation of every index, 8 bytes each, held on the host
-            raise UserError(f"data: the dataset says it has {n:,} items (len()), more than the {MAX_ITEMS:,} whose "
-                            f"order an epoch can hold ({8 * n / 2**30:,.0f} GiB); check its __len__")
+        host = host_memory_bytes()
+        # each epoch's order is a permutation of every index, 8 bytes each, held on the host beside the data and
+        # the model: a __len__ that overstates (bytes for items, say) would end in the out-of-memory killer
+        if n > MAX_ITEMS or (host is not None and 8 * n > host // 2):
+            limit = MAX_ITEMS if host is None else min(MAX_ITEMS, host // 16)
+            raise UserError(f"data: the dataset says it has {n:,} items (len()), more than the {limit:,} whose "
+                            f"order an epoch can hold ({8 * n / 2**30:,.1f} GiB, at most half this host's memory); "
+                            f"check its __len__")
         self.steps_per_epoch = n // self.global_batch
         self._perm: tuple[int, torch.Tensor] | None = None
 
@@ -130,10 +142,13 @@ def _batch_collate(batch):  # TensorDataset.__getitems__ already returns a colla
     return batch
 
 
-def _ignore_interrupts(worker_id: int) -> None:
+def _worker_signals(worker_id: int) -> None:
     """A terminal's Ctrl-C reaches the whole process group: workers ignore it, so the training process alone
     handles the stop (finish the step, checkpoint, exit) instead of losing a worker mid-batch."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # torch's handlers print a line of their own to stderr for these; the training process names the death
+    for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class Batches:
@@ -159,9 +174,10 @@ class Batches:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
             # its own generator: starting an iterator draws the workers' base seed, and drawn from the global RNG
             # (restored by a resume just before) it would shift dropout's stream off the uninterrupted run's
-            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_ignore_interrupts,
+            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_worker_signals,
                                      generator=torch.Generator().manual_seed(sampler.seed), **(settings or {}))
             self._it = iter(self.loader)
+            _no_async_worker_errors(self._it)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not resident else None
         self._next = None
 
@@ -180,22 +196,34 @@ class Batches:
 
     def _next_checked(self):
         """The loader's next batch; the user's dataset failing (in __getitem__ or collation, in a worker or
-        not) or changing its items' shape or dtype after the first batch is one UserError naming it."""
+        not), a worker dying, or items changing shape or dtype after the first batch is one UserError naming it."""
         try:
-            batch = next(self._it)
+            return self._checked(self._read())
+        except UserError:  # the run ends here, and torch's shutdown after a worker's error waits 5 s for each
+            for w in getattr(self._it, "_workers", []):
+                if w.is_alive():
+                    w.terminate()
+            raise
+
+    def _read(self):
+        try:
+            with _worker_deaths_raised_here(self._it):
+                batch = next(self._it)
         except UserError as e:  # raised in a worker, torch re-raises it with the worker's whole traceback inside
             if "Original Traceback" not in str(e):
                 raise
             last = [ln for ln in str(e).splitlines() if ln.strip()][-1]
             raise UserError(last.split("UserError: ", 1)[-1].strip()) from None
-        except (StopIteration, torch.OutOfMemoryError, MemoryError):
+        except (torch.OutOfMemoryError, MemoryError):
             raise
-        except Exception as e:
-            lines = [ln for ln in str(e).splitlines() if ln.strip()]  # a worker's error: its last line says it
-            text = (lines[-1] if "Original Traceback" in str(e) else " ".join(lines)) if lines else type(e).__name__
-            raise UserError(f"{self.who}: reading a training batch failed: {type(e).__name__}: {text.strip()[:200]}"
-                            f"{where(e)}; every item must be an (inputs, targets) pair of the same shapes and "
-                            f"dtypes") from e
+        except SystemExit as e:  # in __getitem__ with no workers: else the run would end early without a word
+            raise UserError(f"{self.who}: reading a training batch called sys.exit({e.code!r}){where(e)}; the "
+                            f"dataset must return or raise, not exit the process") from None
+        except Exception as e:  # StopIteration too: the sampler never ends, so only the dataset can raise it
+            raise UserError(self._failure(e)) from e
+        return batch
+
+    def _checked(self, batch):
         sig = tuple((tuple(t.shape[1:]), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in batch)
         if self.signature is None:
             self.signature = sig
@@ -203,7 +231,37 @@ class Batches:
             raise UserError(f"{self.who}: a batch of (inputs, targets) of per-item shape and dtype "
                             f"({_show_sig(sig)}) after a first batch of ({_show_sig(self.signature)}); "
                             f"every item's inputs, and its targets, need the same shape and dtype")
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):  # as the first batch is held to
+            raise UserError(f"{self.who}: a training batch's items require grad (they hang on an autograd graph); "
+                            f"return detached tensors (tensor.detach()) from the dataset")
         return batch
+
+    def _failure(self, e: Exception) -> str:
+        workers = getattr(self._it, "_workers", [])
+        if workers and "Original Traceback" not in str(e):  # not the dataset's error: a worker may be ending
+            ended = multiprocessing.connection.wait([w.sentinel for w in workers], timeout=1.0)
+            for w in workers:  # its pipes close a moment before its exit status can be read
+                if w.sentinel in ended:
+                    w.join(timeout=1.0)
+        dead = [w.exitcode for w in workers if w.exitcode is not None]
+        if dead:  # the worker's own error is lost with it: how it ended tells the likely cause
+            code = dead[0]
+            how = (f"exited with code {code} (sys.exit or os._exit in the dataset)" if code >= 0 else
+                   "was killed by SIGKILL (most often the out-of-memory killer: lower data.num_workers or "
+                   "data.prefetch_factor)" if code == -signal.SIGKILL else
+                   f"was killed by signal {-code} (a crash in native code that the dataset calls)")
+            return (f"{self.who}: a DataLoader worker process {how} while reading training batches; rerun with "
+                    f"data.num_workers = 0 to see the dataset's own error")
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]  # a worker's error: its last line says it
+        text = (lines[-1] if "Original Traceback" in str(e) else " ".join(lines)) if lines else type(e).__name__
+        hint = ("a map-style dataset must return an item for every index below its __len__ (a next() on an "
+                "exhausted iterator?)" if isinstance(e, StopIteration) or text.startswith("StopIteration") else
+                f"its __len__ says {len(self.loader.dataset)} items: does __getitem__ serve every index below that?"
+                if isinstance(e, IndexError) or text.startswith("IndexError") else
+                "return detached tensors (tensor.detach()) from the dataset" if "requires grad" in text else
+                "every item must be an (inputs, targets) pair of the same shapes and dtypes")
+        return (f"{self.who}: reading a training batch failed: {type(e).__name__}: {text.strip()[:200]}{where(e)}; "
+                f"{hint}")
 
     def _resident_indices(self) -> Iterator[torch.Tensor]:
         """Index tensors already on the device: the epoch's permutation is uploaded once per epoch and
@@ -243,6 +301,31 @@ class Batches:
 
     def __iter__(self):
         return self
+
+
+def _no_async_worker_errors(it) -> None:
+    """torch's SIGCHLD handler raises a dead worker's RuntimeError in whatever the main process runs at that
+    moment (the logger's set-up, a checkpoint write), past everything that would name the dataset: the workers
+    are watched only while a batch is awaited (`_worker_deaths_raised_here`)."""
+    if getattr(it, "_worker_pids_set", False):
+        signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+
+
+@contextlib.contextmanager
+def _worker_deaths_raised_here(it):
+    """A worker that died before the wait, or dies during it, raises its RuntimeError here at once (not at the
+    loader's own status check, seconds later)."""
+    workers = getattr(it, "_workers", None)
+    if not workers:
+        yield
+        return
+    signal_handling._set_worker_pids(id(it), tuple(w.pid for w in workers))
+    try:
+        signal_handling._error_if_any_worker_fails()
+        yield
+    finally:
+        signal_handling._remove_worker_pids(id(it))
 
 
 def _show_sig(sig: tuple) -> str:

@@ -16,6 +16,7 @@ new cache entry, a corrupt one is rebuilt. .parquet needs pyarrow (installed wit
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -90,7 +91,8 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     and cached (in memory only when the cache is not writable)."""
     stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     tok_sum = file_sha256(_tokenizer_path(tokens)) if tokens not in ("char", "byte") else tokens
-    key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict"]).encode()).hexdigest()[:20]  # older: lax
+    # the decoding rules are part of the key: a cache tokenised under other rules is not this text's tokens
+    key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict, no BOM"]).encode()).hexdigest()[:20]
     root = cache_root() / "text" / key
     sums = checksums(root)
     if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
@@ -161,12 +163,14 @@ def _utf8(p: Path) -> str:
     except OSError as e:  # unreadable (permissions), or a link to a device or /proc file that fails on read
         raise UserError(f"data.args.path: cannot read {p} ({e.strerror or e}); make it readable or remove it from "
                         "the folder") from None
+    skip = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0  # an editor's mark, not text
     try:
-        text = raw.decode("utf-8")
+        text = raw[skip:].decode("utf-8")
     except UnicodeDecodeError as e:
         # a byte-order mark names the encoding; without one, latin-1 is the likeliest of the old 8-bit ones
         source = next((name for bom, name in _BOMS if raw.startswith(bom)), "latin1")
-        raise UserError(f"data.args.path: {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+        at = e.start + skip
+        raise UserError(f"data.args.path: {p} is not UTF-8 text (byte 0x{raw[at]:02x} at offset {at}); "
                         f"convert it to UTF-8 (e.g. iconv -f {source} -t utf-8) or remove it from the folder") from None
     if "\x00" in text:
         raise UserError(f"data.args.path: {p} holds NUL bytes, so it is binary, not text; remove it from the folder")

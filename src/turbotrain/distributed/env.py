@@ -139,7 +139,11 @@ def srun_tasks(e: Mapping[str, str]) -> int:
         return 1  # the batch step: `python -m turbotrain` in an sbatch script without srun
     if e.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return 1  # `srun --pty bash`, then python by hand (Lightning's rule too)
-    return int(e.get("SLURM_STEP_NUM_TASKS") or e.get("SLURM_NTASKS") or 1)
+    key = "SLURM_STEP_NUM_TASKS" if e.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+    text = e.get(key) or "1"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UserError(f"environment: {key}={text!r} is not an integer >= 1; srun sets it: {SRUN_TORCHRUN}")
+    return int(text)
 
 
 def slurm_exports(e: Mapping[str, str]) -> dict[str, str]:
@@ -169,7 +173,11 @@ def restart_store_warning(e: Mapping[str, str] = os.environ) -> str | None:
     """The fix to print when torchrun restarts workers while sharing its rendezvous TCPStore with them (torch
     >= 2.4's default): restarted workers then meet a store that is gone ("Connection refused") or hang. None
     when restarts are off or the launcher was started with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."""
-    if int(e.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) <= 0 or e.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+    restarts = e.get("TORCHELASTIC_MAX_RESTARTS", "0") or "0"
+    if not restarts.strip().lstrip("-").isdigit():
+        raise UserError(f"environment: TORCHELASTIC_MAX_RESTARTS={restarts!r} is not an integer; torchrun "
+                        "--max-restarts=N sets it (unset it when not launched by torchrun)")
+    if int(restarts) <= 0 or e.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
         return None
     if e.get("TORCHELASTIC_USE_AGENT_STORE", "True") != "True":
         return None  # this launcher does not share its store (static rendezvous, or the opt-out was honored)

@@ -12,7 +12,7 @@ from typing import Callable
 
 from turbotrain.errors import UserError
 from turbotrain.monitor import sinks
-from turbotrain.monitor.rules import Fired, LossRules, MonitorConfig, RowRules
+from turbotrain.monitor.rules import Fired, GradRules, LossRules, MonitorConfig, RowRules
 
 
 class NonFiniteLoss(UserError):
@@ -30,7 +30,8 @@ class Alerts:
     a rank's own readings (GPU, data wait, sync latency, a hang) are sent by that rank."""
 
     SHARED = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
-              "straggler", "memory_growth")  # the peak memory of a row is averaged over ranks
+              "straggler", "memory_growth",  # the peak memory of a row is averaged over ranks
+              "grad_exploding", "grad_vanishing")  # the gradients are all-reduced: one norm on every rank
 
     def __init__(self, max_bad_steps: int, cfg: MonitorConfig | None = None, *, rank: int = 0,
                  jsonl: sinks.JsonlFile | None = None, webhook: sinks.Webhook | None = None,
@@ -38,7 +39,8 @@ class Alerts:
         self.cfg = cfg or MonitorConfig()
         self.max_bad, self.rank, self.clock = max_bad_steps, rank, clock
         self.jsonl, self.webhook, self.prometheus = jsonl, webhook, prometheus
-        self.loss_rules, self.row_rules = LossRules(self.cfg), RowRules(self.cfg)
+        self.loss_rules, self.row_rules, self.grad_rules = LossRules(self.cfg), RowRules(self.cfg), GradRules()
+        self.loss_spiked = False  # the last finite loss was a loss_spike (its gradient is no news)
         self.last_sent: dict[str, float] = {}
         self.held: dict[str, int] = {}  # repeats not sent since the last alert of the rule
         self.counts: dict[str, int] = {}  # every firing, sent or held
@@ -58,18 +60,24 @@ class Alerts:
             self.emit(Fired("loss_nonfinite", streak, self.max_bad,
                             f"{msg} (the run stops at {self.max_bad} in a row: train.max_bad_steps)"), step)
             return
-        for f in self.loss_rules.check(loss):
+        fired = self.loss_rules.check(loss)
+        self.loss_spiked = any(f.rule == "loss_spike" for f in fired)
+        for f in fired:
             self.emit(f, step)
 
-    def check_grad(self, grad_norm: float | None, step: int) -> None:
+    def check_grad(self, grad_norm: float | None, step: int, loss: float | None = None) -> None:
         """grad_nonfinite: the gradients' norm is NaN/inf at a log step while the loss is finite (a NaN there
         reaches the weights, and a loss may stay finite over NaN weights). Not for fp16's loss scaling, whose
-        overflowing steps are skipped by design: the caller passes None then."""
+        overflowing steps are skipped by design: the caller passes None then. On a finite norm, with the log
+        step's `loss`: grad_exploding and grad_vanishing (rules.GradRules)."""
         if grad_norm is not None and not math.isfinite(grad_norm):
             self.emit(Fired("grad_nonfinite", grad_norm, math.inf,
                             f"gradient norm is {grad_norm} at step {step} while the loss is finite: NaN/inf "
                             "gradients corrupt the weights; keep train.grad_clip on, lower train.lr, or find the op "
                             "with a NaN gradient (torch.autograd.set_detect_anomaly)"), step)
+        elif grad_norm is not None and loss is not None and math.isfinite(loss):
+            for f in self.grad_rules.check(grad_norm, loss, self.loss_spiked):
+                self.emit(f, step)
 
     def check_rate(self, rate: float, step: int) -> None:
         """throughput_drop alone (the other row rules need the whole row: `check_row`)."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from turbotrain.errors import UserError
-from turbotrain.log import say
+from turbotrain.log import console, say
 from turbotrain.monitor.trackers import Tracker, build_tracker
 
 
@@ -73,7 +73,7 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
         elif self.enabled and time.perf_counter() - self.last_line > 10 and step - self.start_step >= 2:
-            print(f"step {step}/{self.total} | ETA {self.eta(step)}", flush=True)
+            console(f"step {step}/{self.total} | ETA {self.eta(step)}")
             self.last_line = time.perf_counter()
 
     def eta(self, step: int) -> str:
@@ -99,7 +99,7 @@ class MetricsLogger:
             if "val_loss" in row:
                 self.progress.console.print(line)
         else:  # a log file (batch job): plain lines with the ETA
-            print(f"{line} | ETA {self.eta(row['step'])}", flush=True)
+            console(f"{line} | ETA {self.eta(row['step'])}")
             self.last_line = time.perf_counter()
 
     def close(self) -> None:

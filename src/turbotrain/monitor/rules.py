@@ -6,7 +6,7 @@ throughput windows, streaks of log steps) and nothing else, so they are tested o
 
 Rule names (the `rule` of an alerts.jsonl line): loss_nonfinite, grad_nonfinite, loss_spike, loss_diverging,
 loss_plateau, throughput_drop, data_wait, gpu_util_low, gpu_temp_high, gpu_mem_high, memory_growth, sync_latency,
-straggler, hung_step.
+straggler, hung_step, grad_exploding, grad_vanishing.
 """
 from __future__ import annotations
 
@@ -19,9 +19,19 @@ from turbotrain.errors import UserError
 
 RULES = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "loss_plateau", "throughput_drop",
          "data_wait", "gpu_util_low", "gpu_temp_high", "gpu_mem_high", "memory_growth", "sync_latency", "straggler",
-         "hung_step")
+         "hung_step", "grad_exploding", "grad_vanishing")
 DIVERGING_RHO = 0.85  # loss_diverging: the least rank correlation of the window's losses with their order
 THROUGHPUT_DROP_STEPS = 10  # throughput_drop: the least steps the slow log windows in a row must span
+DIVERGING_SCALES = (1, 2, 4, 8)  # loss_diverging: the trend windows, in multiples of loss_diverging_window
+DIVERGING_T = 8.0  # loss_diverging: the least t-statistic of the shortest window's trend (linear or log scale)
+SPIKE_SIGMAS = 5.0  # loss_spike: the least distance above the running average, in the loss's own noise
+GRAD_EXPLODING_FACTOR = 10.0  # grad_exploding: gradient norms this many times the median of the recent ones on 2
+GRAD_EXPLODING_ONCE = 100.0  # log steps in a row, or one norm this many times it (a lone clipped spike of ~10-30x is
+# routine in a healthy run's warm-up: the default preset has one)
+GRAD_SIGMAS = 6.0  # grad_exploding: ... and this many of the recent norms' own scatter (log space) above it
+GRAD_VANISHING_RATIO = 1e-3  # grad_vanishing: a gradient norm below this fraction of the run's first ones ...
+GRAD_VANISHING_FLOOR = 1e-8  # grad_vanishing: a norm at most this is gone, whatever the first ones were
+GRAD_VANISHING_STEPS = 3  # ... for this many log steps in a row, while the loss stays above 80% of its level then
 MEM_GROWTH_WINDOW = 10  # log steps: a leak raises the peak at nearly every one, a healthy run's peak settles
 
 
@@ -110,6 +120,9 @@ class MonitorConfig:
             raise UserError(f"monitor.loss_spike_factor = {self.loss_spike_factor}: must be > 1 (0 = off)")
         if 0 < self.hang_timeout_s < 1:  # shorter than a step's own host work: every run would "hang"
             raise UserError(f"monitor.hang_timeout_s = {self.hang_timeout_s}: must be >= 1 second (0 = off)")
+        if self.loss_plateau_delta >= 1:  # a loss would have to fall below 0 to improve: every window a plateau
+            raise UserError(f"monitor.loss_plateau_delta = {self.loss_plateau_delta}: a fraction of the best loss, "
+                            "must be < 1 (0.01: 1%)")
         if self.throughput_drop_ratio >= 1:
             raise UserError(f"monitor.throughput_drop_ratio = {self.throughput_drop_ratio}: must be < 1 (0 = off)")
 
@@ -160,25 +173,49 @@ class LossRules:
 
     def __init__(self, cfg: MonitorConfig):
         self.cfg, self.ema, self.n = cfg, None, 0
-        self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1))
-        self.best, self.best_at = math.inf, 0  # best loss and the log-step count when it was reached
+        self.noise, self.prev = None, None  # running mean of |ln(loss / previous loss)|; the previous loss
+        # the longest trend window: DIVERGING_SCALES x the configured one, so a slow rise is seen too
+        self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1) * DIVERGING_SCALES[-1])
+        # the loss at the last progress and the log-step count then; the best (lowest) loss since
+        self.ref, self.best_at, self.best = math.inf, 0, math.inf
 
     def check(self, loss: float) -> list[Fired]:
         if not math.isfinite(loss):
             return []
         self.n += 1
-        out = [f for f in (self._spike(loss), self._diverging(loss), self._plateau(loss)) if f]
+        spike = self._spike(loss)
+        out = [f for f in (spike, self._diverging(loss)) if f]
         # the plain mean of the first 10 losses, then an EMA: seeding an EMA with the first loss alone would
-        # weigh that one batch at 73% three log steps later, and a noisy loss would "spike" against it
-        a = max(0.1, 1 / self.n)
-        self.ema = loss if self.ema is None else (1 - a) * self.ema + a * loss
-        return out
+        # weigh that one batch at 73% three log steps later, and a noisy loss would "spike" against it. A spike
+        # enters at the threshold it crossed: one bad batch must not lift the baseline the next one is judged by
+        a, x = max(0.1, 1 / self.n), min(loss, spike.threshold) if spike else loss
+        self.ema = x if self.ema is None else (1 - a) * self.ema + a * x
+        if self.prev is not None and self.prev > 0 and loss > 0:
+            # the step-to-step change in log space: the noise of the loss, free of its trend; capped so that a
+            # spike (up and back down) widens it by little
+            d = min(abs(math.log(loss / self.prev)), max(math.log(2.0), 3 * (self.noise or 0.0)))
+            b = max(0.05, 1 / self.n)  # slower than the EMA: the threshold must not follow a few quiet steps
+            self.noise = d if self.noise is None else (1 - b) * self.noise + b * d
+        self.prev = loss
+        # judged on the running average: the best of single noisy losses is a lucky batch, one that a loss
+        # still falling slowly does not beat again within the window
+        plateau = self._plateau(self.ema)
+        return out + [plateau] if plateau else out
+
+    def _sigma(self) -> float:
+        """The loss's noise in log space (the mean |difference| of two draws is 1.128 sigma); 0 before any."""
+        return (self.noise or 0.0) / 1.128
 
     def _spike(self, loss: float) -> Fired | None:
         k = self.cfg.loss_spike_factor
         # from the 3rd log step: the first losses of a run fall fast and say nothing about spikes
-        if k and self.ema is not None and self.n > 2 and loss > k * self.ema and loss > 0:
-            return Fired("loss_spike", loss, k * self.ema,
+        if not (k and self.ema is not None and self.n > 2 and loss > 0 and self.ema > 0):
+            return None
+        # a noisy loss (small batches) crosses k x its average by chance: the point must also stand
+        # SPIKE_SIGMAS of the loss's own noise above it
+        factor = max(k, math.exp(SPIKE_SIGMAS * self._sigma()))
+        if loss > factor * self.ema:
+            return Fired("loss_spike", loss, factor * self.ema,
                          f"loss {loss:.4g} is {loss / self.ema:.1f}x its running average {self.ema:.4g}")
         return None
 
@@ -187,31 +224,42 @@ class LossRules:
         if not w:
             return None
         self.window.append(loss)
-        if len(self.window) < w:
-            return None
-        ys = list(self.window)
-        start, end = _fit_ends(ys)
-        rise = (end - start) / max(abs(start), 1e-12)
-        ups = sum(b > a for a, b in zip(ys, ys[1:])) / (w - 1)
-        # the losses must also rank in step order (whatever the curve's shape: linear or exploding): a flat,
-        # noisy loss rises at most steps of a window by chance often enough to be a steady false alarm
-        if rise > self.cfg.loss_diverging_rise and ups >= 0.7 and ys[-1] > ys[0] and _rank_corr(ys) >= DIVERGING_RHO:
-            return Fired("loss_diverging", rise, self.cfg.loss_diverging_rise,
-                         f"loss rose from {ys[0]:.4g} to {ys[-1]:.4g} over the last {w} log steps "
-                         f"(trend +{rise:.0%}); lower train.lr or raise train.warmup_steps")
+        # the configured window, then 2x, 4x, 8x it: a rise of 1% a log step never rises 20% within 10 log
+        # steps, yet it is 2x in 70; over the longer windows the rank order alone tells a trend from noise
+        for scale in DIVERGING_SCALES:
+            if len(self.window) < w * scale:
+                break
+            ys = list(self.window)[-w * scale:]
+            start, end = _fit_ends(ys)
+            rise = (end - start) / max(abs(start), 1e-12)
+            ups = sum(b > a for a, b in zip(ys, ys[1:])) / (len(ys) - 1)
+            # the losses must also rank in step order (whatever the curve's shape: linear or exploding): a flat,
+            # noisy loss rises at most steps of a window by chance often enough to be a steady false alarm
+            # over the shortest window a noisy loss also ranks in order by chance (1 in ~3000 windows, many a
+            # run): there the rise must also be a clean trend, its slope DIVERGING_T standard errors of the
+            # window's own scatter around it (a real blow-up, noisy or not, is also seen by the longer windows)
+            noisy = scale == 1 and _slope_t(ys) < DIVERGING_T
+            if (rise > self.cfg.loss_diverging_rise and (ups >= 0.7 or scale > 1) and ys[-1] > ys[0] and not noisy
+                    and _rank_corr(ys) >= DIVERGING_RHO):
+                return Fired("loss_diverging", rise, self.cfg.loss_diverging_rise,
+                             f"loss rose from {ys[0]:.4g} to {ys[-1]:.4g} over the last {len(ys)} log steps "
+                             f"(trend +{rise:.0%}); lower train.lr or raise train.warmup_steps")
         return None
 
     def _plateau(self, loss: float) -> Fired | None:
         w = self.cfg.loss_plateau_window
-        if loss < self.best - self.cfg.loss_plateau_delta * abs(self.best) or not math.isfinite(self.best):
-            self.best, self.best_at = loss, self.n
+        # progress is measured from the loss of the last progress (`ref`), not from the lowest since: a loss
+        # falling 0.2% a log step would lower that by less than delta every time, and be called a plateau
+        if loss < self.ref - self.cfg.loss_plateau_delta * abs(self.ref) or not math.isfinite(self.ref):
+            self.ref = self.best = loss
+            self.best_at = self.n
             return None
         self.best = min(self.best, loss)
         stalled = self.n - self.best_at
         if w and stalled >= w:
             self.best_at = self.n  # the next plateau alert needs another full window
             return Fired("loss_plateau", stalled, w, f"no improvement of the loss by {self.cfg.loss_plateau_delta:.1%} "
-                         f"in {stalled} log steps (best {self.best:.4g})")
+                         f"in {stalled} log steps (best running average {self.best:.4g})")
         return None
 
 
@@ -223,11 +271,90 @@ def _fit_ends(ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, my + slope * mx
 
 
-def _rank_corr(ys: list[float]) -> float:
-    """Spearman's rank correlation of ys with their order: 1 when every value is above all before it."""
+def _slope_t(ys: list[float]) -> float:
+    """The t-statistic of the least-squares slope of ys against their order, on a linear or (positive losses) a
+    log scale, whichever fits better: a rise that is a clean line on either (linear or exploding) is large."""
+    scales = [ys] + ([[math.log(y) for y in ys]] if min(ys) > 0 else [])
+    return max(_line_t(s) for s in scales)
+
+
+def _line_t(ys: list[float]) -> float:
     n = len(ys)
-    rank = {i: r for r, i in enumerate(sorted(range(n), key=ys.__getitem__))}
-    return 1 - 6 * sum((rank[i] - i) ** 2 for i in range(n)) / (n * (n * n - 1))
+    mx, my = (n - 1) / 2, sum(ys) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
+    scatter = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(ys)) / max(n - 2, 1)
+    if scatter <= 1e-24 * max(my * my, 1e-300):  # on the line up to rounding
+        return math.inf if slope > 0 else 0.0
+    return slope / math.sqrt(scatter / sxx)
+
+
+def _rank_corr(ys: list[float]) -> float:
+    """Spearman's rank correlation of ys with their order: 1 when every value is above all before it. Equal
+    values share their mean rank, so a flat stretch ranks in no order (0), not in step order."""
+    n, order = len(ys), sorted(range(len(ys)), key=ys.__getitem__)
+    rank = [0.0] * n
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and ys[order[j + 1]] == ys[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            rank[k] = (i + j) / 2
+        i = j + 1
+    m = (n - 1) / 2
+    cov = sum((r - m) * (k - m) for k, r in enumerate(rank))
+    var = math.sqrt(sum((r - m) ** 2 for r in rank) * sum((k - m) ** 2 for k in range(n)))
+    return cov / var if var else 0.0
+
+
+class GradRules:
+    """grad_exploding (gradient norms far above the recent ones) and grad_vanishing (the gradients all but
+    gone while the loss has not come down: nothing trains), on the finite gradient norms of log steps."""
+
+    def __init__(self):
+        self.recent: deque[float] = deque(maxlen=20)
+        self.first: list[tuple[float, float]] = []  # (grad norm, loss) of the first log steps: the baseline
+        self.low = Streak(GRAD_VANISHING_STEPS)
+        self.high_before = False  # the last log step's norm was above the factor (a second one fires)
+
+    def _factor(self) -> float | None:
+        """GRAD_EXPLODING_FACTOR, or more where the recent norms scatter widely (small batches): GRAD_SIGMAS of
+        their scatter in log space (1.4826 x the median absolute deviation). None: no positive norms to judge."""
+        if min(self.recent) <= 0:
+            return None
+        logs = [math.log(g) for g in self.recent]
+        mid = statistics.median(logs)
+        sigma = 1.4826 * statistics.median(abs(x - mid) for x in logs)
+        return max(GRAD_EXPLODING_FACTOR, math.exp(GRAD_SIGMAS * sigma))
+
+    def check(self, norm: float, loss: float, loss_spiked: bool) -> list[Fired]:
+        """`loss_spiked`: the loss rules called this log step's loss a spike, which explains its gradient."""
+        out = []
+        high = False
+        if len(self.recent) >= 3 and not loss_spiked and (factor := self._factor()):
+            ref = statistics.median(self.recent)
+            high = norm > factor * ref
+            if (norm > max(GRAD_EXPLODING_ONCE, factor) * ref) or (high and self.high_before):
+                out.append(Fired("grad_exploding", norm, factor * ref,
+                                 f"gradient norm {norm:.4g} is {norm / ref:.0f}x the median {ref:.4g} of the last "
+                                 f"{len(self.recent)} log steps; keep train.grad_clip on, lower train.lr"))
+        self.high_before = high
+        # an outlier enters at the threshold: one does not lift the median the next is judged by
+        self.recent.append(min(norm, factor * ref) if high else norm)
+        if len(self.first) < 5:
+            self.first.append((norm, loss))
+        base = statistics.median(g for g, _ in self.first)
+        base_loss = statistics.median(x for _, x in self.first)
+        # a run that converges has small gradients at a small loss; one whose gradients die does not learn. A
+        # norm at most GRAD_VANISHING_FLOOR is none, whatever the first ones were (dead from the start)
+        low = max(GRAD_VANISHING_FLOOR, GRAD_VANISHING_RATIO * base if len(self.first) == 5 else 0.0)
+        if self.low.update(norm <= low and loss > 0.8 * base_loss and loss > 0):
+            out.append(Fired("grad_vanishing", norm, low,
+                             f"gradient norm {norm:.3g} is at most {low:.3g} (its first readings: {base:.3g}) for "
+                             f"{GRAD_VANISHING_STEPS} log steps while the loss stays at {loss:.4g}: the model does "
+                             "not learn (saturated or dead activations, a detached loss, an LR schedule at 0)"))
+        return out
 
 
 class Streak:

@@ -104,7 +104,7 @@ class RunMonitor:
             self.write(row, data_wait_s)
             raise
         if math.isfinite(loss_v) and not self.scaled:
-            self.alerts.check_grad(row["grad_norm"], done)
+            self.alerts.check_grad(row["grad_norm"], done, loss_v)
         self.alerts.check_row(row, done, warm)
         return row
 

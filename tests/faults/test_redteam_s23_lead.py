@@ -1,0 +1,80 @@
+"""Session 23's red-team leftovers fixed outside the helpers' scopes: a finished run whose final/ is missing says how
+to get the model from its checkpoint."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.faults.common import BASE_TOML, error_line, lit
+from turbotrain.cli import main
+
+
+def train_cli(tmp_path, *overrides: str) -> int:
+    return main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", *overrides])
+
+
+def test_a_finished_run_without_final_names_export_when_rerun(tmp_path, capsys):
+    """kill -9 (or an older version) between the end checkpoint and final/: the rerun said "nothing to do" and
+    left the user without the model's way out."""
+    assert train_cli(tmp_path, "train.steps=2", "checkpoint.every=2") == 0
+    capsys.readouterr()
+    assert train_cli(tmp_path, "train.steps=2", "checkpoint.every=2") == 2
+    assert "export" not in error_line(capsys.readouterr().err)  # final/ is there: nothing to add
+    shutil.rmtree(tmp_path / "fault" / "final")
+    (tmp_path / "fault" / "summary.json").unlink()
+    assert train_cli(tmp_path, "train.steps=2", "checkpoint.every=2") == 2
+    line = error_line(capsys.readouterr().err)
+    assert "nothing to do" in line and f"turbotrain export {tmp_path / 'fault'}" in line, line
+    assert main(["export", str(tmp_path / "fault"), "--format", "safetensors",
+                 "--out", str(tmp_path / "model")]) == 0
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_a_reader_that_goes_away_ends_the_output_not_the_run(tmp_path):
+    """`turbotrain train ... | head -1`: the first line after the reader left raised BrokenPipeError, and the run
+    died before its checkpoints and final model were written."""
+    import subprocess
+    import sys
+
+    from tests.helpers import userpkg_env
+
+    cmd = [sys.executable, "-m", "turbotrain", "train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}",
+           "train.steps=6", "train.log_every=1", "checkpoint.every=3"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=userpkg_env())
+    p.stdout.readline()
+    p.stdout.close()  # the reader is gone: every later write to stdout fails with EPIPE
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()[-2000:]
+    run = tmp_path / "fault"
+    assert (run / "final").is_dir() and (run / "summary.json").is_file()
+    assert sorted(d.name for d in (run / "checkpoints").iterdir() if d.name.startswith("step-"))[-1] == "step-00000006"
+
+
+def test_launcher_integers_that_are_not_are_one_line_in_train(tmp_path, capsys, monkeypatch):
+    """`env` said these; `train` died of int()'s ValueError in the launcher's environment."""
+    from turbotrain.distributed.env import restart_store_warning
+    from turbotrain.errors import UserError
+
+    for k, v in {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "abc"}.items():
+        monkeypatch.setenv(k, v)
+    assert train_cli(tmp_path, "train.steps=1") == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("error: environment: SLURM_NTASKS='abc'"), line
+    with pytest.raises(UserError, match="TORCHELASTIC_MAX_RESTARTS='x' is not an integer"):
+        restart_store_warning({"TORCHELASTIC_MAX_RESTARTS": "x"})  # read when torchrun starts 2+ ranks
+
+
+def test_a_warm_up_longer_than_the_run_is_said(tmp_path, capsys):
+    """The LR never reached train.lr and nothing said so (a short trial of a long run's config)."""
+    assert train_cli(tmp_path, "train.steps=4", "train.warmup_steps=8") == 0
+    assert "train.warmup_steps=8 > train.steps=4: the LR rises for the whole run and peaks at 50% of train.lr" \
+        in capsys.readouterr().out
+    assert train_cli(tmp_path, "train.steps=4", "train.warmup_steps=4", "run.name=b") == 0
+    assert "warmup_steps" not in capsys.readouterr().out
+
+
+def test_bench_compare_that_names_nothing_is_one_line(capsys):
+    """`--compare ""` (an unset shell variable) ran the bench without the peers asked for, unsaid."""
+    assert main(["bench", "mlp-seed", "--compare", ""]) == 2
+    assert error_line(capsys.readouterr().err).startswith("error: --compare names no framework")
