@@ -78,3 +78,20 @@ def test_bench_compare_that_names_nothing_is_one_line(capsys):
     """`--compare ""` (an unset shell variable) ran the bench without the peers asked for, unsaid."""
     assert main(["bench", "mlp-seed", "--compare", ""]) == 2
     assert error_line(capsys.readouterr().err).startswith("error: --compare names no framework")
+
+
+def test_a_second_compiled_run_in_one_process_reports_its_own_graph_breaks(tmp_path):
+    """dynamo's counters are process-wide: a run after one that broke its graph reported those breaks as its own."""
+    import torch
+
+    from tests.helpers import tiny_gpt
+    from turbotrain.trainer import train
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x
+
+    torch._dynamo.reset()
+    torch.compile(breaks, backend="eager")(torch.ones(2))
+    s = train(tiny_gpt(tmp_path, "train.steps=2", "compile.enabled=true", "compile.backend=aot_eager"))
+    assert s["graph_breaks"] == 0 and s["compile_fell_back"] is False

@@ -75,6 +75,9 @@ def apply_compile(module: nn.Module, cfg: CompileConfig, blocks_of: nn.Module | 
     """
     if not cfg.enabled:
         return []
+    from torch._dynamo.utils import counters
+
+    counters.clear()  # process-wide: a second run in one process (the Python API) would report the first's too
     kwargs: dict = dict(fullgraph=cfg.fullgraph, backend=cfg.backend)
     if cfg.backend == "inductor":
         kwargs["options"] = inductor_options(cfg)
