@@ -95,3 +95,21 @@ def test_a_second_compiled_run_in_one_process_reports_its_own_graph_breaks(tmp_p
     torch.compile(breaks, backend="eager")(torch.ones(2))
     s = train(tiny_gpt(tmp_path, "train.steps=2", "compile.enabled=true", "compile.backend=aot_eager"))
     assert s["graph_breaks"] == 0 and s["compile_fell_back"] is False
+
+
+def test_parquet_text_columns_read_strings_and_refuse_other_values(tmp_path, monkeypatch, capsys):
+    """A parquet "text" column of numbers trained on their digits (str() of each value), unsaid."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from turbotrain.data.text import _read
+
+    pq.write_table(pa.table({"text": ["to be", None, "or not"]}), tmp_path / "ok.parquet")
+    assert _read(tmp_path / "ok.parquet") == "to be\nor not"
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pa.table({"text": [3, 1, 4]}), corpus / "nums.parquet")
+    monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "cache"))
+    assert train_cli(tmp_path, 'data.name="text"', f"data.args.path={lit(corpus)}", "data.args.block_size=16") == 2
+    line = error_line(capsys.readouterr().err)
+    assert "nums.parquet's \"text\" column holds int values" in line, line

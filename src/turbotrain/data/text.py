@@ -147,7 +147,12 @@ def _read(p: Path) -> str:
         raise UserError(f"data text: {p} is not a readable parquet file ({' '.join(str(e).split())[:160]})") from None
     if "text" not in table.column_names:
         raise UserError(f"data text: {p} has no \"text\" column (columns: {', '.join(table.column_names[:8])})")
-    return "\n".join(str(t) for t in table.column("text").to_pylist() if t is not None)
+    values = table.column("text").to_pylist()
+    bad = next((v for v in values if v is not None and not isinstance(v, str)), None)
+    if bad is not None:  # str() would train on a number's digits or a list's repr, as the jsonl path refuses
+        raise UserError(f"data text: {p}'s \"text\" column holds {type(bad).__name__} values ({str(bad)[:40]!r}), "
+                        f"not strings; point data.args.path at text")
+    return "\n".join(t for t in values if t is not None)
 
 
 # iconv's utf-16 / utf-32 read the byte-order mark and drop it
