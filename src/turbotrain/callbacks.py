@@ -72,14 +72,19 @@ def build_callbacks(specs: list[str], given: list | tuple = ()) -> list[Callback
     for cb in given:
         if isinstance(cb, type):  # its hooks would be unbound functions, missing `self`
             raise UserError(f"train(callbacks=...): {cb.__name__} is a class; pass an instance ({cb.__name__}())")
-    for cb, name in zip([*built, *given], [*specs, *(type(g).__name__ for g in given)]):
+    for cb in given:
+        if isinstance(cb, str):  # "pkg.cbs:MyCallback" is a config spec: in code, the object itself is passed
+            raise UserError(f"train(callbacks=...): got the string {cb!r}; pass callback objects there, or set the "
+                            f"spec in the config: train.callbacks = [{cb!r}]")
+    for cb, name in zip([*built, *given], [*(f"train.callbacks: {s}" for s in specs),
+                                           *(f"train(callbacks=...): {type(g).__name__}" for g in given)]):
         # a misspelt or another framework's hook (on_epoch_end, on_validation_end) would never be called: said
         unknown = [a for a in dir(cb) if a.startswith("on_") and a not in HOOKS and callable(getattr(cb, a, None))]
         if unknown:
-            raise UserError(f"train.callbacks: {name}.{unknown[0]} is not a hook turbotrain calls; the hooks are "
+            raise UserError(f"{name}.{unknown[0]} is not a hook turbotrain calls; the hooks are "
                             f"{', '.join(HOOKS)}: rename it, or give it a name not starting with on_")
         if not any(callable(getattr(cb, h, None)) for h in HOOKS):
-            raise UserError(f"train.callbacks: {name} has none of the hooks of turbotrain.callbacks.Callback "
+            raise UserError(f"{name} has none of the hooks of turbotrain.callbacks.Callback "
                             f"({', '.join(HOOKS)})")
     return [*built, *given]
 

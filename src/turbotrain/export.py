@@ -246,7 +246,8 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
     target = _load_device(device)  # before the build: a device this machine lacks is refused at once
     final = _final_dir(run_dir)
     if model is None:
-        model, _ = _build(final / "config.toml")
+        with torch.random.fork_rng(devices=[]):  # the build's initialisation draws; the caller's streams stay put
+            model, _ = _build(final / "config.toml")
         _check_class(final, model, run_dir)
         into = "the model its config.toml builds"
         fix = (f"if the run was trained on a model passed in code, load into an instance of it: "
@@ -455,6 +456,13 @@ def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> tuple[P
             raise UserError(f"--out {dest}: cannot create the export inside the run directory {run} (it would "
                             f"overwrite or add to the run's config.toml, {FINAL}/ or checkpoints/); choose a folder "
                             f"outside every run directory, or leave --out out for {root / 'export' / fmt}")
+    inner = next((own / f for f in FORMATS if real.is_relative_to(own / f) and real != own / f), None)
+    if inner is not None:  # the next default export of that format replaces its folder whole, this one with it
+        raise UserError(f"--out {dest}: is inside {inner}, which `turbotrain export --format {inner.name}` replaces "
+                        f"whole; choose a folder beside it, e.g. {own / 'mine'}")
+    if real == own:  # the folder of the run's exports, one per format: an export there would hold the next ones
+        raise UserError(f"--out {dest}: is the run's folder of exports (one folder per format); leave --out out "
+                        f"for {own / fmt}, or name a folder in it, e.g. {own / 'mine'}")
     if dest.is_symlink():  # the export is renamed into place: a rename onto a link fails, or replaces the link
         raise UserError(f"--out {dest}: is a symbolic link; name the folder it points to ({real}) or a new one")
     replace = real == own / fmt

@@ -35,6 +35,11 @@ def console(line: str) -> None:
             sys.stdout = open(os.devnull, "w")
 
 
+def new_run() -> None:
+    """Once is once per run: a second `train()` in one process (a notebook's) meets the same problem anew."""
+    _said.clear()
+
+
 def say_once(msg: str) -> None:
     if msg not in _said:
         _said.add(msg)

@@ -21,7 +21,7 @@ from turbotrain.accel.activation_ckpt import (
 )
 from turbotrain.accel.compile import CompileConfig, apply_compile
 from turbotrain.accel.convnet import set_convnet_kernels
-from turbotrain.accel.fp8 import apply_fp8
+from turbotrain.accel.fp8 import apply_fp8, remove_fp8
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
@@ -113,8 +113,10 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
 
 def give_back(model: nn.Module, device: torch.device, channels_last: bool) -> None:
     """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet
-    rewrites them in place), no activation-checkpoint wrappers, parameters contiguous again after channels_last."""
+    and precision.fp8 rewrite them in place), no activation-checkpoint wrappers, parameters contiguous again after
+    channels_last."""
     set_convnet_kernels(model, False, device)
+    remove_fp8(model)
     remove_activation_checkpointing(model)
     if channels_last is True:
         model.to(memory_format=torch.contiguous_format)

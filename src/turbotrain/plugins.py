@@ -20,12 +20,15 @@ def is_import_spec(name: str) -> bool:
 def load_object(spec: str, key: str) -> Any:
     """`load_object("mypkg.models:build", "model.name")` → the callable; one-line UserError otherwise."""
     mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise UserError(f"{key} = {spec!r}: expected 'pkg.module:name'")
+    problem = _spec_problem(mod_name, attr)
+    if problem:
+        raise UserError(f"{key} = {spec!r}: {problem}")
+    cwd = _cwd()
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:  # includes ModuleNotFoundError
-        raise UserError(f"{key} = {spec!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+        raise UserError(f"{key} = {spec!r}: cannot import module {mod_name!r} ({e})"
+                        f"{_not_users(mod_name) or '; is it on PYTHONPATH?'}") from None
     except (UserError, MemoryError):
         raise
     except SystemExit as e:  # else the run would end here with that code and not a word
@@ -36,14 +39,77 @@ def load_object(spec: str, key: str) -> Any:
         text = " ".join(str(e).split())[:200] or "(no message)"
         raise UserError(f"{key} = {spec!r}: importing {mod_name!r} raised {type(e).__name__}: {text}"
                         f"{'' if isinstance(e, SyntaxError) else where(e)}; fix it there") from e  # it names its line
+    finally:
+        _keep_cwd(cwd, mod_name)
     _note_user_package(mod_name)
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise UserError(f"{key} = {spec!r}: module {mod_name!r} has no attribute {attr!r}") from None
+        raise UserError(f"{key} = {spec!r}: module {mod_name!r} has no attribute {attr!r}{_not_users(mod_name)}") \
+            from None
     if not callable(obj):
         raise UserError(f"{key} = {spec!r}: {attr!r} is not callable")
     return obj
+
+
+def _spec_problem(mod_name: str, attr: str) -> str | None:
+    """What makes `module:name` not a spec importlib can take (it would blame the user's module for it), or None."""
+    if not mod_name or not attr:
+        return "expected 'pkg.module:name'"
+    if mod_name != mod_name.strip() or attr != attr.strip():
+        return "spaces around the module or the name; remove them"
+    if "/" in mod_name or "\\" in mod_name or mod_name.endswith(".py"):
+        return ("a file path, not a module name; put the file's folder on PYTHONPATH (or run from it) and name the "
+                "module without .py, e.g. 'models:build' for models.py")
+    if mod_name.startswith("."):
+        return "a relative module name; give its full dotted name from a folder on PYTHONPATH, e.g. 'pkg.module:name'"
+    if not all(part.isidentifier() for part in mod_name.split(".")):
+        return f"{mod_name!r} is not a dotted module name (Python identifiers joined by '.'), e.g. 'pkg.module'"
+    if not attr.isidentifier():
+        return f"{attr!r} is not a name defined in the module (one Python identifier after the ':'), e.g. 'build'"
+    return None
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed under the process
+        return None
+
+
+def _keep_cwd(cwd: str | None, mod_name: str) -> None:
+    """A module that changes the working directory as it is imported would move every relative path of the run
+    (run.out_dir, data files) somewhere the user does not look: changed back, with a warning."""
+    from turbotrain.log import say
+
+    now = _cwd()
+    if cwd is None or now == cwd:
+        return
+    try:
+        os.chdir(cwd)
+    except OSError:
+        return
+    else:
+        say(f"warning: importing {mod_name!r} changed the working directory to {now}; turbotrain changed it back "
+            f"to {cwd}, which relative paths in the config are read from")
+
+
+def _not_users(mod_name: str) -> str:
+    """"; 'json' is imported from .../json/__init__.py, not your ./json.py ...": the user's module shadowed by one
+    of the standard library or an installed package of the same name (imported first, or already), or ""."""
+    top = sys.modules.get(mod_name.partition(".")[0])
+    if top is None or (getattr(top, "__file__", None) is None and hasattr(top, "__path__")):  # a namespace package
+        return ""
+    file = getattr(top, "__file__", None)
+    file = os.path.realpath(file) if file else None  # real paths: one file reached through a link is no other
+    for folder in sys.path:
+        for mine in (os.path.join(folder or ".", f"{top.__name__}.py"),
+                     os.path.join(folder or ".", top.__name__, "__init__.py")):
+            if os.path.isfile(mine) and os.path.realpath(mine) != file:
+                return (f"; {top.__name__!r} is {f'imported from {file}' if file else 'built into Python'}, not your "
+                        f"{mine}: a module of the standard library or an installed package has that name, rename "
+                        "yours")
+    return ""
 
 
 def factory_label(fn: Any) -> str:

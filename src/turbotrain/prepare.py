@@ -7,13 +7,16 @@ Usage: `run = prepare(cfg)`; the trainer's loop and `profile` take it from there
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
 import os
+import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -23,6 +26,7 @@ from turbotrain import contract
 from turbotrain.accel.activation_ckpt import checkpointed_blocks
 from turbotrain.accel.attention import measure_attention
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
+from turbotrain.accel.precision import tf32_kept
 from turbotrain.checkpoint import Checkpointer, param_shapes
 from turbotrain.config import Config, config_from_dict, to_toml
 from turbotrain.data.datasets import map_dict_items
@@ -31,7 +35,7 @@ from turbotrain.distributed import meta_init
 from turbotrain.distributed.env import DistEnv, all_mean, init_distributed
 from turbotrain.distributed.parallel import SHARDED, data_parallel, resolve_strategy
 from turbotrain.errors import UserError
-from turbotrain.log import say
+from turbotrain.log import new_run, say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
 from turbotrain.models.structure import WithLoss, model_class_name
@@ -71,6 +75,11 @@ class Run:
         give_back(self.trainee.model, self.trainee.device, self.cfg.memory.channels_last)
         for m in self.trainee.compiled:
             m._compiled_call_impl = None
+        if self.cfg.compile.enabled:  # dynamo keeps a code object's graphs for the process and stops compiling
+            torch._dynamo.reset()  # it at recompile_limit: a notebook's 9th run would train uncompiled, unsaid
+        # a failed run's traceback holds this Run for as long as the caller keeps the error (a notebook keeps the
+        # last one): its loader's worker processes and the optimizer's state are let go now
+        self.batches = self.trainee.opt = None
 
     @contextlib.contextmanager
     def blame_batch(self, micro_batches: list, step: int):
@@ -143,17 +152,62 @@ def check_config(cfg) -> Config:
     if not isinstance(cfg, Config):
         raise UserError(f"turbotrain.train(cfg): got {type(cfg).__name__}; pass a Config, e.g. "
                         f"turbotrain.load_config(\"my.toml\", [\"train.steps=100\"])")
-    raw = dataclasses.asdict(cfg)
+    try:
+        raw = dataclasses.asdict(cfg)  # deep-copies every value
+    except (TypeError, copy.Error) as e:  # a lock, a socket, a generator set as an args value
+        raise UserError(f"turbotrain.train(cfg): the config holds a value that cannot be copied ({e}); config values "
+                        "must be plain data (numbers, strings, lists, tables), as a TOML file holds") from None
     for table in raw.values():  # `cfg.run.out_dir = tmp_path` (a Path) is a path all the same
         table.update({k: os.fspath(v) for k, v in table.items() if isinstance(v, os.PathLike)})
     return config_from_dict(raw)
 
 
+# the environment variables a run points: the compile caches' folders, and a SLURM step's launcher variables
+_RUN_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def process_state_kept():
+    """What a run sets process-wide is the Python API caller's own again after it, however the run ends: the RNG
+    streams (a run seeds them, a resume loads a checkpoint's), TF32, the environment variables in _RUN_ENV. Else
+    a notebook's next cell draws the run's random numbers and computes in the run's precision. Warnings said once
+    are said once per run: a second run with the same problem says it too."""
+    new_run()
+    env = {k: os.environ.get(k) for k in _RUN_ENV}
+    py, np_state = random.getstate(), np.random.get_state()
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda), tf32_kept():
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(np_state)
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _same_on_every_rank(n: int, env: DistEnv, who: str) -> None:
+    """Every rank draws its share of one permutation of 0..n-1: ranks whose datasets differ in length would each
+    permute their own, and samples would repeat or go missing across ranks, unsaid."""
+    if env.world_size < 2 or not torch.distributed.is_initialized():
+        return
+    lengths: list = [None] * env.world_size
+    torch.distributed.all_gather_object(lengths, n)
+    if len(set(lengths)) > 1:
+        each = ", ".join(f"rank {r}: {k}" for r, k in enumerate(lengths))
+        raise UserError(f"{who}: the ranks built datasets of different lengths ({each}); every rank must build the "
+                        "same dataset (each takes its own share of its batches)")
+
+
 def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | None = None,
             val_data: Dataset | None = None, loss_fn: LossFn | None = None, probe: bool = False) -> Run:
     """probe=True (profile): a throwaway build that leaves the run's config, metrics and checkpoints alone."""
-    names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
     given = _given(cfg, model=model, train_data=train_data, val_data=val_data, loss_fn=loss_fn)
+    names = contract.Names.of(cfg, model=model, train_data=train_data, loss_fn=loss_fn)  # for error messages
     host = meta_init.HostPeak()
     env = DistEnv.from_environ()
     device = resolve_device(cfg.run.device)
@@ -178,6 +232,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         cfg = resolve(cfg, facts_of(device, model, train_ds, data_args, env.world_size, env.local_world_size,
                                     loss_in_code, fused_why))
         dp_rank, dp_world = data_parallel(cfg.parallel.strategy, env.rank, env.world_size, cfg.parallel.pp_stages)
+        _same_on_every_rank(len(train_ds), env, names.data)
         sampler = StepSampler(len(train_ds), cfg.data.batch_size, cfg.train.grad_accum, dp_rank, dp_world,
                               cfg.run.seed)  # refuses a dataset smaller than one global batch, before any work
         # the user's code against the contract, once, on the CPU model before any technique: first items, forward, loss
@@ -213,10 +268,16 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
 def _given(cfg: Config, **objects) -> list[str]:
     """Which of train()'s model, train_data, val_data, loss_fn were passed (config.toml cannot rebuild them),
     once they are known not to contradict the config."""
+    for key, obj in objects.items():  # the call forgotten: a class has no len(), no parameters, unbound methods
+        if isinstance(obj, type):
+            raise UserError(f"train({key}=...): {obj.__name__} is a class; pass an instance ({obj.__name__}(...))"
+                            + (" or a function fn(outputs, targets)" if key == "loss_fn" else ""))
     loss_fn = objects["loss_fn"]
-    if isinstance(loss_fn, type):
-        raise UserError(f"train(loss_fn=...): {loss_fn.__name__} is a class; pass an instance "
-                        f"({loss_fn.__name__}()) or a function fn(outputs, targets)")
+    if loss_fn is not None and not callable(loss_fn):  # else it fails on the first batch as the loss's own bug
+        shown = " ".join(repr(loss_fn).split())[:40]  # one line, whatever the object prints as
+        raise UserError(f"train(loss_fn=...): got {type(loss_fn).__name__} {shown}; pass a function "
+                        "fn(outputs, targets) or a loss module (a built-in loss is named by train.loss, e.g. "
+                        "train.loss = \"mse\")")
     if loss_fn is not None and cfg.train.loss == "model":
         raise UserError("train(loss_fn=...) was given while train.loss = \"model\" says the model computes its own "
                         "loss: drop one of the two")

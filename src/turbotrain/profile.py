@@ -51,7 +51,7 @@ from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
 from turbotrain.monitor import phases
-from turbotrain.prepare import Run, prepare
+from turbotrain.prepare import Run, prepare, process_state_kept
 from turbotrain.report import refuse_links
 from turbotrain.rundir import RunDir, write_run_file
 from turbotrain.step import first_train_step, train_step
@@ -509,8 +509,8 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
     run_dir = RunDir(cfg.run, is_main=False).path
     _refuse_live_run(run_dir)  # before the build: nothing is done for a profile that cannot be written
     _refuse_links(run_dir / "profile")
-    try:
-        with attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
+    try:  # the caller's RNG, TF32 and environment are theirs again after it, as after train()
+        with process_state_kept(), attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
             return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active)
     finally:
         phases.enable(False)

@@ -67,9 +67,10 @@ class RunConfig:
 
 # ---------------------------------------------------------------- the run directory
 
-# what a run writes into its directory (a fresh run sets an earlier run's aside, whole)
+# what a run writes into its directory (a fresh run sets an earlier run's aside, whole), and `turbotrain export`'s
+# default export/ of its weights: left beside a fresh run's final/, it would hand out the earlier run's model
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "alerts_undelivered.jsonl", "tb",
-             "checkpoints", "final", "metrics.csv", "wandb", "mlflow", "report.png", "report.md")
+             "checkpoints", "final", "metrics.csv", "wandb", "mlflow", "report.png", "report.md", "export")
 
 
 def open_run_file(path: Path, mode: str = "w"):

@@ -201,6 +201,26 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     with _users("model.eval()", "an override of train() must take nn.Module.train's `mode` (eval() calls "
                 "train(False))"):
         tr.model.eval()
+    try:  # an error in eval (out of memory, the user's metric) leaves the model in train mode all the same
+        sums = _eval_sums(tr, ds, batches, net, loss_fn, metrics, pp)
+    finally:
+        tr.model.train()
+    # sync point, once per eval: sums over ranks
+    total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
+    n = len(batches) * dp_world
+    val_loss = total[0] / n
+    if not math.isfinite(val_loss):  # null in the JSON files, as the val metrics are; said, for it is no figure
+        say(f"warning: the validation loss is {val_loss} (NaN/inf): logged as null; the model diverged in eval "
+            "mode, or the val data holds NaN/inf")
+    row = {"val_loss": val_loss if math.isfinite(val_loss) else None}
+    if total[2]:
+        row["val_acc"] = total[1] / total[2]
+    row.update({f"val_{name}": v / n if math.isfinite(v) else None for name, v in zip(metrics, total[3:])})  # JSON
+    return row
+
+
+def _eval_sums(tr: Trainee, ds: Dataset, batches: list, net, loss_fn, metrics: dict, pp) -> torch.Tensor:
+    """This rank's sums over its validation batches: loss, correct, counted, then each metric."""
     sums = torch.zeros(3 + len(metrics), dtype=torch.float64, device=tr.device)  # loss, correct, total, metrics
     for idx in batches:
         with _users("reading a validation batch", "every val item is an (inputs, targets) pair like the train items"):
@@ -225,16 +245,4 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
             with _users(f"train.eval_metrics: {factory_label(fn)}", "fix it there"):
                 sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),
                                             f"train.eval_metrics: {factory_label(fn)}", tr.device)
-    tr.model.train()
-    # sync point, once per eval: sums over ranks
-    total = [v * env.world_size for v in all_mean(sums.tolist(), tr.device)]
-    n = len(batches) * dp_world
-    val_loss = total[0] / n
-    if not math.isfinite(val_loss):  # null in the JSON files, as the val metrics are; said, for it is no figure
-        say(f"warning: the validation loss is {val_loss} (NaN/inf): logged as null; the model diverged in eval "
-            "mode, or the val data holds NaN/inf")
-    row = {"val_loss": val_loss if math.isfinite(val_loss) else None}
-    if total[2]:
-        row["val_acc"] = total[1] / total[2]
-    row.update({f"val_{name}": v / n if math.isfinite(v) else None for name, v in zip(metrics, total[3:])})  # JSON
-    return row
+    return sums

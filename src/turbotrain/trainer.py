@@ -27,7 +27,7 @@ from turbotrain.distributed.env import DistEnv, all_mean, shutdown
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, is_rank0, say
 from turbotrain.monitor.run_monitor import RunMonitor
-from turbotrain.prepare import Run, check_config, prepare
+from turbotrain.prepare import Run, check_config, prepare, process_state_kept
 from turbotrain.rundir import write_run_file
 from turbotrain.step import EvalFailed, evaluate, first_train_step, train_step
 
@@ -41,22 +41,23 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
     `callbacks`: objects with the hooks of `turbotrain.callbacks.Callback`, after those of train.callbacks."""
     cfg = check_config(cfg)
     t_start, stop, run = time.perf_counter(), None, None
-    try:
-        cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)
-        env = DistEnv.from_environ()
-        cfg.monitor.check_sinks(env.local_rank, env.is_main)  # trackers importable, port free: before the run dir
-        run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing to save
-        hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
-        # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
-        stop = StopRequest(saves=bool(run.cfg.checkpoint.every))
-        with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
-            return _train(run, hooks, metrics, stop, t_start)
-    finally:
-        if stop is not None:
-            stop.restore()
-        if run is not None:
-            run.close()
-        shutdown()
+    with process_state_kept():  # the caller's RNG, TF32 and environment are theirs again after the run
+        try:
+            cbs, metrics = build_callbacks(cfg.train.callbacks, callbacks), eval_metric_fns(cfg.train)
+            env = DistEnv.from_environ()
+            cfg.monitor.check_sinks(env.local_rank, env.is_main)  # trackers importable, port free: before the run dir
+            run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing saved
+            hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
+            # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
+            stop = StopRequest(saves=bool(run.cfg.checkpoint.every))
+            with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
+                return _train(run, hooks, metrics, stop, t_start)
+        finally:
+            if stop is not None:
+                stop.restore()
+            if run is not None:
+                run.close()
+            shutdown()
 
 
 def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: float) -> dict:
@@ -206,7 +207,9 @@ class StopRequest:
         self.signum, self.saves = 0, saves
         self._old = {}
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+            # a handler installed outside Python (an embedding host) reads as None and cannot be put back: kept
+            self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+                         if signal.getsignal(sig) is not None}
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum:  # Ctrl-C again: the user will not wait (a step hung on a read)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 from tests.faults.common import BASE_TOML, error_line, lit
 from turbotrain.cli import main
@@ -113,3 +114,42 @@ def test_parquet_text_columns_read_strings_and_refuse_other_values(tmp_path, mon
     assert train_cli(tmp_path, 'data.name="text"', f"data.args.path={lit(corpus)}", "data.args.block_size=16") == 2
     line = error_line(capsys.readouterr().err)
     assert "nums.parquet's \"text\" column holds int values" in line, line
+
+
+class _FailsInEval(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        if not self.training:
+            raise MemoryError("planted: out of memory in evaluation")
+        return self.fc(x).squeeze(-1)
+
+
+def test_the_python_api_leaves_the_callers_objects_and_streams_as_they_were(tmp_path):
+    """An evaluation that failed left the caller's model in eval mode; load() drew from the caller's RNG; a
+    callback spec string in code and a config value that cannot be copied died of AttributeError / TypeError."""
+    import threading
+
+    import turbotrain
+    from turbotrain.config import load_config
+    from turbotrain.errors import UserError
+
+    cfg = load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}", "train.steps=2", "train.eval_every=1"])
+    model = _FailsInEval()
+    with pytest.raises(MemoryError):
+        turbotrain.train(cfg, model=model)
+    assert model.training
+    assert turbotrain.train(load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}", "run.name=ok"]))
+    torch.manual_seed(3)
+    first = torch.rand(2)
+    torch.manual_seed(3)
+    turbotrain.load(tmp_path / "ok")
+    assert torch.equal(torch.rand(2), first)
+    with pytest.raises(UserError, match="got the string 'userpkg.x:Cb'; pass callback objects"):
+        turbotrain.train(load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}"]), callbacks=["userpkg.x:Cb"])
+    cfg = load_config(str(BASE_TOML), [f"run.out_dir={lit(tmp_path)}"])
+    cfg.model.args["lock"] = threading.Lock()
+    with pytest.raises(UserError, match="holds a value that cannot be copied"):
+        turbotrain.train(cfg)

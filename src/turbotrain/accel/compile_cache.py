@@ -38,6 +38,8 @@ MAGIC = b"turbotrain-compile-cache 1\n"  # then the payload's sha256 (hex) and a
 # sections whose values change the compiled graphs; the rest (steps, lr, logging, paths) does not
 GRAPH_SECTIONS = ("model", "compile", "precision", "memory", "parallel", "kernels")
 _ours: set[str] = set()  # env values this process set, told apart from a user's own TORCHINDUCTOR_CACHE_DIR
+_before: dict[str, str | None] = {}  # each variable's value before this process first pointed it: put back when a
+# later run in the process (the Python API) has the cache off or unusable, which would else keep writing to ours
 
 
 @dataclass
@@ -76,7 +78,8 @@ def cache_folder(comp: CompileConfig, device: torch.device) -> Path | None:
     """<cache>/compile/<torch + device>, or None when compile.cache is off."""
     if not comp.cache:
         return None
-    base = path_arg("compile.cache_dir", comp.cache_dir) if comp.cache_dir else cache_root() / "compile"
+    # absolute: inductor reads the variable at each use, and code that changes folder must not move the cache
+    base = path_arg("compile.cache_dir", comp.cache_dir).absolute() if comp.cache_dir else cache_root() / "compile"
     return base / device_key(device)
 
 
@@ -85,11 +88,13 @@ def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -
     any. Call before anything compiles. None when compile or its cache is off (torch's defaults stay)."""
     folder = cache_folder(comp, device)
     if folder is None or not comp.enabled or comp.backend != "inductor":
+        _unpoint()
         return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        say(f"warning: compile cache {folder} cannot be made ({e.strerror}); torch's default caches instead")
+    problem = _unwritable(folder)
+    if problem:
+        say(f"warning: compile cache {problem[0]} cannot be made ({problem[1]}); torch's default caches instead (set "
+            f"compile.cache_dir to a writable folder)")
+        _unpoint()
         return None
     _point_env("TORCHINDUCTOR_CACHE_DIR", folder / "inductor")
     _point_env("TRITON_CACHE_DIR", folder / "triton")
@@ -98,6 +103,32 @@ def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -
     if not cache.loaded:
         say(f"compile: cold start; caches in {folder}")
     return cache
+
+
+def _unwritable(folder: Path) -> tuple[Path, str] | None:
+    """(the folder, why) where inductor or Triton could not write their caches in `folder` (a file where a folder
+    goes, a read-only filesystem), or None: inductor creates its folder at each use, and a compile failing on it
+    would fall back to eager for the sake of a cache."""
+    import tempfile
+
+    for sub in (folder, folder / "inductor", folder / "triton"):
+        try:
+            sub.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=sub):
+                pass
+        except OSError as e:
+            return sub, str(e.strerror or e)
+    return None
+
+
+def _unpoint() -> None:
+    """Put back the variables this process pointed at a compile cache, where they still point there."""
+    for var, value in _before.items():
+        if os.environ.get(var) in _ours:
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def _point_env(var: str, path: Path) -> None:
@@ -109,6 +140,7 @@ def _point_env(var: str, path: Path) -> None:
     if now is not None and now not in _ours and now != default_cache_dir():
         say(f"compile: keeping {var}={now} (set in the environment)")
         return
+    _before.setdefault(var, now)
     os.environ[var] = str(path)
     _ours.add(str(path))
 

@@ -99,12 +99,27 @@ def apply_fp8(model: nn.Module, recipe: str, fsdp: bool, head: bool = False) -> 
         _check_head(out, tied, config.enable_fsdp_float8_all_gather)
     total = sum(isinstance(m, nn.Linear) for m in model.modules())
     skip = tied | ({id(out.weight)} if out is not None else set())  # the head: bf16 unless asked
+    linears = {id(m.weight): m for m in model.modules() if type(m) is nn.Linear}
     convert_to_float8_training(model, module_filter_fn=fp8_filter(recipe, out if head else None, skip),
                                config=config)
-    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    swapped = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    for m in swapped:  # the layer it replaced (same parameters), for remove_fp8; not a submodule of it
+        object.__setattr__(m, "turbotrain_linear", linears.get(id(m.weight)))
+    n = len(swapped)
     say(f"fp8: {recipe} scaling on {n} of {total} linear layers, the output head "
         f"{'included' if head else 'kept in bf16'} (the rest too small to gain, or tied)")
     return n
+
+
+def remove_fp8(model: nn.Module) -> None:
+    """The user's own nn.Linear layers back where apply_fp8 swapped in Float8Linear (they hold the same, trained
+    parameters): a Python API caller's model after the run computes as they built it, and their next run with
+    precision.fp8 = "off" is not FP8. A layer whose weight FSDP2's FP8 all-gather rewrapped stays as it is."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            linear = getattr(child, "turbotrain_linear", None)
+            if linear is not None and linear.weight is child.weight and linear.bias is child.bias:
+                setattr(parent, name, linear)
 
 
 def head_convertible(model: nn.Module, fsdp_fp8_gather: bool) -> bool:

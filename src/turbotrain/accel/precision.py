@@ -52,6 +52,28 @@ def apply_tf32(name: str) -> None:
     torch.backends.cudnn.allow_tf32 = on
 
 
+@contextlib.contextmanager
+def tf32_kept():
+    """The process's TF32 settings as they were before a run (`apply_tf32` sets them process-wide): a Python API
+    caller's own float32 work after `train()` must not run in TF32 because the run's precision was bf16."""
+    b = torch.backends
+    try:  # torch raises on reading these once the caller mixed its legacy and fp32_precision APIs
+        matmul, cudnn = torch.get_float32_matmul_precision(), b.cudnn.allow_tf32
+        knobs, saved = [], []
+    except RuntimeError:  # that caller's settings are put back through the newer API, which reads them all
+        knobs = [b.cuda.matmul, b.cudnn.conv, b.cudnn.rnn]
+        saved = [k.fp32_precision for k in knobs]
+    try:
+        yield
+    finally:
+        if knobs:
+            for knob, value in zip(knobs, saved):
+                knob.fp32_precision = value
+        else:
+            torch.set_float32_matmul_precision(matmul)
+            b.cudnn.allow_tf32 = cudnn
+
+
 def autocast(name: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The forward-pass context: `with autocast("bf16", device): loss = model(x)`."""
     dtype = autocast_dtype(name)

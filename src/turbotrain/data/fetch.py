@@ -99,8 +99,10 @@ def file_sha256(path: Path) -> str:
 def read_meta(folder: Path) -> dict:
     """The dataset's meta.json; ValueError if it is not a JSON object."""
     meta = json.loads((folder / "meta.json").read_text())
-    if not isinstance(meta, dict) or not isinstance(meta.get("checksums", {}), dict):
-        raise ValueError("meta.json is not a JSON object with a checksums table")
+    sums = meta.get("checksums", {}) if isinstance(meta, dict) else None
+    # each digest a string: a damaged table (a number, a list) is a damaged meta.json, not a crash when compared
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise ValueError("meta.json is not a JSON object with a checksums table of sha256 strings")
     return meta
 
 

@@ -10,13 +10,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.errors import UserError
 from turbotrain.log import say
 
 
 def apply_ddp(model: nn.Module, device: torch.device, cfg: ParallelConfig) -> DDP:
     """`apply_ddp(model, device, cfg)` → the wrapped model. Buckets are views of the gradients
     (gradient_as_bucket_view: no copy in or out of the buckets)."""
-    if cfg.sync_batchnorm and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+    if cfg.sync_batchnorm and has_batchnorm(model):
+        if device.type != "cuda":
+            raise UserError("parallel.sync_batchnorm = true on the CPU: torch's SyncBatchNorm runs on GPUs only; "
+                            "set parallel.sync_batchnorm=false (each rank then normalises by its own micro-batch)")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         say("ddp: BatchNorm layers synchronized across ranks (SyncBatchNorm)")
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -40,6 +44,10 @@ def bf16_allreduce_hook(state: object, bucket):  # -> Future[Tensor]; DDP reject
         return buf
 
     return fut.then(unpack)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 _LIVE: "weakref.WeakSet[DDP]" = weakref.WeakSet()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -215,6 +217,7 @@ def _join(env: DistEnv, backend: str, device: torch.device) -> None:
     from turbotrain.log import Heartbeat
 
     _env_int("MASTER_PORT", 0, 1, 65535)
+    _check_resolves(os.environ["MASTER_ADDR"])
     where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     try:
         with Heartbeat(f"distributed: waiting for {env.world_size} ranks at {where} (at most {JOIN_TIMEOUT_MIN} min)"):
@@ -224,6 +227,22 @@ def _join(env: DistEnv, backend: str, device: torch.device) -> None:
         raise UserError(f"distributed: the {env.world_size} ranks did not all join at {where} within "
                         f"{JOIN_TIMEOUT_MIN} min ({' '.join(str(e).split())[:120]}); start every rank (torchrun "
                         f"--nproc_per_node=N, on each node), and check WORLD_SIZE and MASTER_ADDR/PORT") from None
+
+
+def _check_resolves(host: str) -> None:
+    """A MASTER_ADDR that no name server knows (a typo, a node name from another cluster) is said at once: torch
+    would retry it for the whole JOIN_TIMEOUT_MIN, printing a warning a second. A temporary lookup failure
+    (EAI_AGAIN) is left to those retries."""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as e:
+        if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise UserError(f"environment: MASTER_ADDR={host!r} is not a known host ({e.strerror}); set it to the "
+                            "host name or address of rank 0's node (torchrun sets it from --rdzv_endpoint or "
+                            "--master_addr)") from None
+    except UnicodeError:  # an empty or over-long label: no lookup can succeed
+        raise UserError(f"environment: MASTER_ADDR={host!r} is not a valid host name; set it to the host name or "
+                        "address of rank 0's node") from None
 
 
 def _rank_device(env: DistEnv) -> torch.device:
@@ -255,10 +274,35 @@ def all_gather_floats(value: float, device: torch.device) -> list[float]:
     return [float(x) for x in out]
 
 
+# What gloo, NCCL and the c10d store say when the rank at the other end is gone (it failed, was killed, its host
+# went down): on the ranks left behind that is the lost rank's consequence, not a fault of theirs to trace back
+_PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited",
+              "communicator was aborted", "connection refused", "socket closed")
+
+
+def peer_lost(e: BaseException | None) -> UserError | None:
+    """The one line for a collective that failed because another rank is gone; None for any other error."""
+    if not isinstance(e, RuntimeError) or not dist.is_available() or not dist.is_initialized():
+        return None
+    text = " ".join(str(e).split())
+    found = next((s for s in _PEER_GONE if s in text.lower()), None)
+    if found is None:
+        return None
+    return UserError(f"distributed: rank {dist.get_rank()} lost another rank mid-run ({found}); that rank failed "
+                     "or was killed: its own error line, or torchrun's exit code for it (-9: killed, e.g. out of "
+                     "host memory), says why; fix that and rerun the same command (it resumes from the last "
+                     "checkpoint)")
+
+
 def shutdown() -> None:
-    """Leave the process group. DDP's reducers go first (see ddp.release_reducers: a deadlock otherwise)."""
+    """Leave the process group. DDP's reducers go first (see ddp.release_reducers: a deadlock otherwise).
+    Called while an exception ends the run (train's `finally`): a collective that failed because another rank is
+    gone is raised again as one error line (`peer_lost`), not this rank's traceback."""
     from turbotrain.distributed.ddp import release_reducers  # ddp imports this module
 
+    lost = peer_lost(sys.exc_info()[1])
     release_reducers()
     if dist.is_initialized():
         dist.destroy_process_group()
+    if lost is not None:
+        raise lost from None

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from turbotrain.distributed.parallel import ParallelConfig
+from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models.structure import find_blocks
 
@@ -63,6 +64,12 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dt
     """Shard each unit of blocks (or the model as one unit), then the root, over `mesh` (None: the strategy's,
     `fsdp_mesh`; a pipeline stage passes its data-parallel sub-mesh).
     Usage: `model = apply_fsdp(model, device, 8, torch.bfloat16, cfg)` (param_dtype None: fp32 compute)."""
+    from turbotrain.distributed.ddp import has_batchnorm
+
+    if cfg.sync_batchnorm and has_batchnorm(model):  # ignored, each rank's statistics would differ silently
+        raise UserError(f"parallel.sync_batchnorm = true with parallel.strategy = \"{cfg.strategy}\": BatchNorm "
+                        "statistics are synchronised under \"ddp\" only; use parallel.strategy=\"ddp\", or set "
+                        "parallel.sync_batchnorm=false (each rank normalises by its own micro-batch)")
     mesh = mesh if mesh is not None else fsdp_mesh(device, world_size, cfg)
     reduce_dtype = torch.bfloat16 if cfg.grad_compression == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
