@@ -122,7 +122,6 @@ def _commands(parser: argparse.ArgumentParser) -> list[str]:
 
 def _arg_error_line(parser: argparse.ArgumentParser, e: _ArgError) -> str:
     """argparse's complaint as one line that names the problem and points to the right --help."""
-    import difflib
     import re
 
     msg = e.message
@@ -130,8 +129,9 @@ def _arg_error_line(parser: argparse.ArgumentParser, e: _ArgError) -> str:
         commands = _commands(parser)
         choice = re.search(r"invalid choice: '?([^' ]*)'?", msg)
         if choice:
-            close = difflib.get_close_matches(choice.group(1), commands, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            from turbotrain.config import did_you_mean
+
+            hint = did_you_mean(choice.group(1), commands)
             return f"unknown command {choice.group(1)!r}{hint}; commands: {', '.join(commands)}; see turbotrain --help"
         if "required" in msg and "COMMAND" in msg:
             return f"no command given; commands: {', '.join(commands)}; see turbotrain --help"
@@ -452,12 +452,11 @@ def _write_failed(e: OSError) -> bool:
     a second time."""
     import errno
 
+    from turbotrain.log import stdout_to_devnull
+
     if not isinstance(e, BrokenPipeError) and (e.errno not in (errno.ENOSPC, errno.EDQUOT) or e.filename):
         return False
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # in-process (a test's captured stdout): no descriptor
-        pass
+    stdout_to_devnull()
     return True
 
 

@@ -122,7 +122,7 @@ def _bad_text(value: str) -> str | None:
     return "contains " + ", ".join(show_value(c) for c in bad) if bad else None
 
 
-def _did_you_mean(word: Any, choices: list[str]) -> str:
+def did_you_mean(word: Any, choices: list[str]) -> str:
     """" (did you mean X?)" for a misspelt or miscased key, section or preset name; "" when none is close."""
     import difflib
 
@@ -143,7 +143,7 @@ def _build_section(cls: type, table: Any, section: str) -> Any:
     for key, value in table.items():
         if key not in fields:
             raise UserError(f"unknown key {section}.{show_value(key) if _bad_text(key) else key}"
-                            f"{_did_you_mean(key, list(fields))}; valid keys in [{section}]: {', '.join(fields)}")
+                            f"{did_you_mean(key, list(fields))}; valid keys in [{section}]: {', '.join(fields)}")
         ok, value = _coerce(value, hints[key])
         if not ok:
             scalar = isinstance(value, (int, float, datetime.date, datetime.time))  # TOML read 1, true, a date
@@ -170,7 +170,7 @@ def config_from_dict(raw: dict) -> Config:
     for name, table in raw.items():
         if name not in sections:
             raise UserError(f"unknown section [{show_value(name) if _bad_text(name) else name}]"
-                            f"{_did_you_mean(name, list(sections))}; valid sections: {', '.join(sections)}")
+                            f"{did_you_mean(name, list(sections))}; valid sections: {', '.join(sections)}")
         kwargs[name] = _build_section(hints[name], table, name)
     return Config(**kwargs)
 
@@ -297,7 +297,7 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     else:
         preset = resources.files("turbotrain.presets") / f"{source}.toml"
         if not _is_preset(source):
-            hint = _did_you_mean(source, list_presets())
+            hint = did_you_mean(source, list_presets())
             raise UserError(f"no preset or file named {show_value(source)}{via}{hint}; "
                             f"presets: {', '.join(list_presets())}")
         ident, where = f"preset:{source}", f"preset {source}"

@@ -27,12 +27,18 @@ def console(line: str) -> None:
     try:
         print(line, file=sys.stdout, flush=True)
     except BrokenPipeError:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):  # a stream without a descriptor (in-process capture)
-            sys.stdout = open(os.devnull, "w")
+        stdout_to_devnull()
+
+
+def stdout_to_devnull() -> None:
+    """Send the rest of stdout to os.devnull (its reader gone, its disk full): the interpreter's last flush must
+    not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stream without a descriptor (in-process capture), or none
+        sys.stdout = open(os.devnull, "w")
 
 
 def new_run() -> None:

@@ -233,11 +233,10 @@ class LossRules:
             start, end = _fit_ends(ys)
             rise = (end - start) / max(abs(start), 1e-12)
             ups = sum(b > a for a, b in zip(ys, ys[1:])) / (len(ys) - 1)
-            # the losses must also rank in step order (whatever the curve's shape: linear or exploding): a flat,
-            # noisy loss rises at most steps of a window by chance often enough to be a steady false alarm
-            # over the shortest window a noisy loss also ranks in order by chance (1 in ~3000 windows, many a
-            # run): there the rise must also be a clean trend, its slope DIVERGING_T standard errors of the
-            # window's own scatter around it (a real blow-up, noisy or not, is also seen by the longer windows)
+            # the losses must also rank in step order (whatever the curve's shape): a flat, noisy loss rises at
+            # most steps of a window by chance often enough to be a steady false alarm. Over the shortest window
+            # it also ranks in order by chance now and then, so there the rise must also be a clean trend (its
+            # slope DIVERGING_T standard errors of the scatter around it); a real blow-up shows in the longer ones
             noisy = scale == 1 and _slope_t(ys) < DIVERGING_T
             if (rise > self.cfg.loss_diverging_rise and (ups >= 0.7 or scale > 1) and ys[-1] > ys[0] and not noisy
                     and _rank_corr(ys) >= DIVERGING_RHO):
