@@ -1,6 +1,6 @@
 """turbotrain: PyTorch training acceleration, every technique one config key away, measured honestly.
 
-    from turbotrain import load_config, train
+    from turbotrain import load, load_config, train
     summary = train(load_config("gpt-shakespeare", ["train.steps=30"]))
     model = load("runs/gpt-shakespeare")  # the trained model, eval mode
 """

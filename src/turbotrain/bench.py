@@ -478,6 +478,15 @@ def _judge(rows: list[dict], converge: bool, synthetic: bool = False) -> None:
         r["verdict"] = "; ".join(notes) or "ok"
 
 
+def _num(v: float | None, fmt: str) -> str:
+    """`v` as `fmt` writes it, "—" for none; a figure that rounds to zero is written 0, never -0 (a peak 0.1 %
+    above the baseline's is no negative saving)."""
+    if v is None:
+        return "—"
+    text = format(v, fmt)
+    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+
+
 def format_table(result: dict) -> str:
     from turbotrain.report import md_cell
 
@@ -491,7 +500,7 @@ def format_table(result: dict) -> str:
             lines.append(f"| {r['variant']} | {md_cell(r['error'], 200)} | | | | | | | | | |")
             continue
         rate = r["tokens_per_s"] or r["samples_per_s"]
-        f = lambda v, fmt: format(v, fmt) if v is not None else "—"  # noqa: E731
+        f = _num
         lines.append(f"| {r['variant']} | {rate:,.0f} | {f(r.get('speedup'), '.2f')}x | {f(r['step_ms'], '.1f')} | "
                      f"{f(r['peak_mem_gib'], '.2f')} | {f(r.get('mem_saving'), '.0%')} | {f(r['compile_s'], '.1f')} | "
                      f"{f(r['final_loss'], '.4f')} | {f(r['val_loss'], '.4f')} | {f(r['val_acc'], '.2%')} | "

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 from torch import nn
 
+from turbotrain.checkpoint import rng_kept
 from turbotrain.errors import UserError
 from turbotrain.log import say_once
 from turbotrain.monitor.run_monitor import ROW_NAMES
@@ -49,7 +50,8 @@ class State:
 
 class Callback:
     """Override the hooks you need; each is a no-op here. `on_log` may return extra numeric metrics under new
-    names (not the row's, not val_*: evaluation's; a val metric is a train.eval_metrics function)."""
+    names (not the row's, not val_*: evaluation's; a val metric is a train.eval_metrics function). A hook may
+    draw random numbers: the global RNGs are put back after it, so training's stream (dropout) is unchanged."""
 
     def on_train_start(self, state: State) -> None: ...
 
@@ -128,7 +130,11 @@ class Hooks:
         out = []
         for fn, cb in fns:
             who, training = f"train.callbacks: {factory_label(type(cb))}.{hook}", self.model.training
-            out.append(call_user(fn, who, state, *args))
+            # a hook's random draws (sampling text, say) leave training's RNG stream alone: on_checkpoint's come after
+            # the checkpoint saved the stream, on_train_start's after a resume restored it, and either would move a
+            # resumed run off the uninterrupted run's curve
+            with rng_kept():
+                out.append(call_user(fn, who, state, *args))
             if out[-1] is not None and hook != "on_log":  # metrics or a stop flag returned here would be lost unsaid
                 say_once(f"warning: {who} returned {type(out[-1]).__name__}; turbotrain ignores what this hook returns "
                          "(only on_log's: a dict of extra metrics to log)")

@@ -28,6 +28,7 @@ fallback. The data position needs no state: the sampler is indexed by step.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -121,6 +122,28 @@ def _rng_state() -> tuple[dict, dict]:
     plain = {"numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
              "python": [py_state[0], list(py_state[1]), py_state[2]]}
     return tensors, plain
+
+
+@contextlib.contextmanager
+def rng_kept(seed: int | None = None):
+    """Code run inside draws from the global RNGs (torch's CPU and current CUDA device's, numpy's, Python's)
+    without moving them: the training stream, which a checkpoint saves and a resume restores, is as if the block
+    never ran. With `seed`, the CPU generators start from it inside (a data read's draws then depend on which
+    batch it is, not on what ran before it)."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+    t, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        if seed is not None:
+            torch.default_generator.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
+        yield
+    finally:
+        torch.set_rng_state(t)
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _rng_tuples(tensors: dict, plain: dict) -> tuple:

@@ -253,7 +253,19 @@ def _config(args: argparse.Namespace) -> None:
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout holds the TOML alone: `> my.toml` works
         cfg = effective_config(load_config(args.config, args.overrides))
-    print(to_toml(cfg), end="")
+    print(_spellable_toml(to_toml(cfg)), end="")
+
+
+def _spellable_toml(text: str) -> str:
+    """`text` as this stdout can write it: where its encoding lacks a character (PYTHONIOENCODING=ascii), TOML's
+    own \\u escape, which reads back the same inside the basic strings to_toml writes every key and value as; the
+    stream's backslashreplace would write "é" as \\xe9, which TOML refuses."""
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join(c if c.isascii() else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+                       for c in text)
 
 
 def _env(args: argparse.Namespace) -> None:
@@ -328,14 +340,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             why = "" if what == "option" or not hasattr(args, "overrides") else " (overrides are SECTION.KEY=VALUE)"
             raise _ArgError(prog, f"unrecognized {what} {stray[0]!r}{why}")
     except _ArgError as e:  # one line, as for every user error; main returns the code
-        print(f"error: {_arg_error_line(parser, e)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(_error(_arg_error_line(parser, e))) from None
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (problem := _environment_problem(argv is None)) is not None:
+        return _error(problem)
     if argv is None:
         _import_torch_or_exit()
     try:
@@ -359,11 +372,51 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _error(text: str) -> int:
+    """`error: text` on stderr; the user-error exit code. A stderr that cannot take the line (its disk full, its
+    reader gone, `2>/dev/full`) leaves the exit code 2, not 1 and a second failure: the rest of stderr goes to
+    the null device, so the interpreter's last flush does not fail again either (that would make it 120)."""
+    try:
+        print(f"error: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):  # ValueError: closed; AttributeError: None (fd 2 closed)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            sys.stderr = open(os.devnull, "w")
+    return 2
+
+
+def _environment_problem(whole_process: bool) -> str | None:
+    """The process's surroundings, checked before torch's import: a current folder deleted under the shell makes
+    that import die in MKL with a cryptic FATAL ERROR. Standard descriptors the shell closed (`2>&-`) are pointed
+    at the null device, or the run's first open file would take their number and anything written to "stderr"
+    (a C++ warning, a DataLoader worker) would land in its checkpoint or metrics. A stdout that cannot spell
+    every character (PYTHONIOENCODING=ascii) shows escapes instead of failing the run at its first `→`."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return ("the current folder no longer exists (deleted or moved while this shell was in it); cd to a folder "
+                "that exists and rerun")
+    for fd in (0, 1, 2) if whole_process else ():
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    return None
+
+
 def _interrupted() -> int:
     """A Ctrl-C handled: one line, exit 130. A KeyboardInterrupt that left code run by exec() (dataclasses build
     their methods so, at import) marks itself unhandled inside CPython, which then ends the process by SIGINT at
     exit all the same (-2, not 130); CPython clears that mark at the start of every exec() of a string."""
-    print("error: interrupted", file=sys.stderr)
+    _error("interrupted")
     exec("")
     return 130
 
@@ -380,7 +433,7 @@ def _import_torch_or_exit() -> None:
         return
 
     def interrupted(signum, frame):
-        print("error: interrupted", file=sys.stderr, flush=True)
+        _error("interrupted")
         os._exit(130)
 
     before = signal.signal(signal.SIGINT, interrupted)
@@ -411,6 +464,8 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
         if sys.stdout is None and args.command in ("config", "env", "presets", "data"):  # their product is stdout
             raise UserError(f"stdout is closed, so `turbotrain {args.command}` has nowhere to print; run it with "
                             "stdout open (a terminal, a file or a pipe)")
+        if sys.stdout is None:  # the others' product is the run directory: they run on, their messages unheard
+            sys.stdout = open(os.devnull, "w")
         rc = run(args)
         if sys.stdout is not None:
             sys.stdout.flush()  # a full disk or a gone reader is said here, not at interpreter exit
@@ -418,18 +473,18 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
     except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number
         return e.code if isinstance(e.code, int) else int(e.code is not None)
     except UserError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        return _error(_one_line(e))
     except KeyboardInterrupt:
         return _interrupted()
     except OSError as e:  # stdout's reader gone, or its disk full: said, not a traceback
+        if (limit := _os_limit(e)) is not None:
+            return _said_limit(limit, e)
         if not _write_failed(e):
             return _users_error(e)
         why = ("cannot write to stdout (its reader exited); send the output to a pipe that reads it all, or a file"
                if isinstance(e, BrokenPipeError) else f"a write failed ({e.strerror}); free space on the disk that "
                "stdout or the run's files go to, or send stdout elsewhere")
-        print(f"error: {why}", file=sys.stderr)
-        return 2
+        return _error(why)
     except Exception as e:  # out of memory (GPU or host) is the user's to fix: say how
         import torch
 
@@ -437,13 +492,45 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
                  "or precision.dtype=bf16")
         if isinstance(e, torch.OutOfMemoryError):
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0
-            print(f"error: out of memory (peak {peak:.1f} GiB allocated); {fixes}", file=sys.stderr)
-            return 2
+            return _error(f"out of memory (peak {peak:.1f} GiB allocated); {fixes}")
+        if (limit := _os_limit(e)) is not None:
+            return _said_limit(limit, e)
         host = _cpu_oom(e)
         if host is not None:
-            print(f"error: out of memory on the host ({host}); {fixes}, or use a smaller model", file=sys.stderr)
-            return 2
+            return _error(f"out of memory on the host ({host}); {fixes}, or use a smaller model")
         return _users_error(e)
+
+
+def _os_limit(e: BaseException) -> str | None:
+    """A limit of this host or session that stopped the run (open files, memory for a new process), said with
+    its fix; None for anything else. torch's DataLoader says the descriptor limit in a RuntimeError."""
+    import errno
+    import resource
+
+    if (isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE)) or \
+            (isinstance(e, RuntimeError) and "Too many open files" in str(e)):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"too many open files (this session allows {soft}, `ulimit -n`); raise it (ulimit -n 4096) or "
+                "lower data.num_workers")
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM and e.filename is None:  # fork, mmap
+        return f"out of memory on the host ({e.strerror}); lower data.num_workers or data.batch_size, or free memory"
+    return None
+
+
+def _said_limit(limit: str, e: BaseException) -> int:
+    """One line for a host limit, and nothing after it: what the limit left half-built (a DataLoader iterator
+    whose workers could not start) is collected here, quietly, not at exit where its __del__ would print a
+    traceback under the error line."""
+    import gc
+
+    _error(limit)
+    hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+    try:
+        e.__traceback__ = None
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    return 2
 
 
 def _write_failed(e: OSError) -> bool:
@@ -469,6 +556,5 @@ def _users_error(e: Exception) -> int:
     spot = where(e)
     if not spot or os.environ.get("TURBOTRAIN_TRACEBACK") == "1":
         raise e
-    print(f"error: your code raised {type(e).__name__}: {_one_line(e)[:300]}{spot}; fix it there (rerun with "
-          f"TURBOTRAIN_TRACEBACK=1 for the traceback)", file=sys.stderr)
-    return 2
+    return _error(f"your code raised {type(e).__name__}: {_one_line(e)[:300]}{spot}; fix it there (rerun with "
+                  "TURBOTRAIN_TRACEBACK=1 for the traceback)")

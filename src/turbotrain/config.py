@@ -259,6 +259,9 @@ def config_path(source: str, base: Path | None = None) -> Path | None:
 def _read_text(path: Path, shown: str) -> str:
     if path.is_dir():
         raise UserError(f"config {shown} is a directory; pass a .toml file inside it or a preset name")
+    if not path.exists() and path.is_symlink():
+        raise UserError(f"config {shown} is a symbolic link to nothing (dangling, or a loop); point it at a .toml "
+                        "file or pass the file itself")
     if not path.exists():
         preset = f" (the preset is {path.stem}, without .toml)" if _is_preset(path.stem) else ""
         raise UserError(f"config file {shown} not found{preset}")
@@ -292,8 +295,9 @@ def _load_source(source: str, base: Path | None = None, chain: tuple[tuple[str, 
     via = f" (extended by {chain[-1][1]})" if chain else ""
     path = config_path(source, base)
     if path is not None:
-        ident, where = f"file:{path.resolve()}", str(path)
-        text = _read_text(path, where + via)
+        where = str(path)
+        text = _read_text(path, where + via)  # first: it names a link that loops, where resolve() raises
+        ident = f"file:{path.resolve()}"
     else:
         preset = resources.files("turbotrain.presets") / f"{source}.toml"
         if not _is_preset(source):

@@ -19,6 +19,7 @@ None of this runs per step.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from dataclasses import dataclass
@@ -514,6 +515,39 @@ def _first_loss(model: nn.Module, out, y: torch.Tensor, y_full: torch.Tensor, lo
     return classes
 
 
+def _refuse_copy_task(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None,
+                      names: Names) -> None:
+    """HF's causal-LM labels (labels = input_ids, which the HF model shifts itself) under the built-in
+    cross-entropy: output t would be trained to predict token t, which it sees, so the run would learn to copy
+    its input and report a near-zero loss and a near-perfect val_acc."""
+    from turbotrain.models.hf import labels_are_inputs
+
+    causal = getattr(model, "causal", None) is True or (
+        _builtin_model(model) and isinstance(getattr(model, "vocab_size", None), int)
+        and isinstance(getattr(model, "block_size", None), int))
+    if causal and _builtin_loss(loss_fn) == "cross_entropy" and x.dim() >= 2 and labels_are_inputs(x, y):
+        raise UserError(f"{names.data}: the targets equal the inputs (HF's causal-LM labels = input_ids), so "
+                        f"{names.loss} would train {names.model} to copy its input; set train.loss = \"model\" for an "
+                        f"HF causal LM (it shifts the labels), or give targets shifted by one (y[t] = x[t + 1])")
+
+
+def _check_targets_parameter(model: nn.Module, names: Names) -> None:
+    """train.loss = "model" calls forward(inputs, targets) positionally: an HF-style forward(input_ids,
+    attention_mask=None, labels=None) would take the targets as its mask and compute no loss from them."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C-implemented forward: nothing to read
+        return
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    targets = ("labels", "label", "targets", "target", "y")
+    label = next((n for n in targets if n in positional[2:]), None)
+    if label and positional[1] not in targets:
+        shown = ", ".join(positional[:3]) + ", ..." * (len(positional) > 3)
+        raise UserError(f"{names.model}: train.loss = \"model\" calls forward(inputs, targets) with the targets as "
+                        f"the second argument, which forward({shown}) takes as {positional[1]!r}, not {label!r}; "
+                        f"make {label!r} the second parameter")
+
+
 def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable | None,
                      names: Names = Names()) -> int | None:
     """The first forward and the first loss on `sample` (from `first_batch`), as a training step runs them
@@ -523,6 +557,9 @@ def check_model_data(model: nn.Module, sample: tuple[torch.Tensor, torch.Tensor]
     of classes the built-in cross-entropy saw (for `check_later_batch`), else None."""
     x, y = sample
     check_declared(model, x, names)
+    _refuse_copy_task(model, x, y, loss_fn, names)
+    if loss_fn is None:
+        _check_targets_parameter(model, names)
     y_full = y
     if _declares_sequence(model, x, y):  # ids and length checked above: a short prefix shows the rest
         x, y = x[:, :PREFIX], y[:, :PREFIX]  # (GPT-2 124M on 2x1024 tokens would take seconds on a CPU)

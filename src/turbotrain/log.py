@@ -28,6 +28,9 @@ def console(line: str) -> None:
         print(line, file=sys.stdout, flush=True)
     except BrokenPipeError:
         stdout_to_devnull()
+    except UnicodeEncodeError:  # a stdout that cannot spell `→` or a name's "é" (PYTHONIOENCODING=ascii)
+        enc = sys.stdout.encoding
+        console(line.encode(enc, "backslashreplace").decode(enc))
 
 
 def stdout_to_devnull() -> None:

@@ -90,7 +90,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
     model = apply_channels_last(model) if mem.channels_last else model
     set_convnet_kernels(model, convnet, device)  # off: a model rewritten by an earlier run gets its layers back
-    apply_activation_checkpointing(model, mem.activation_checkpointing)
+    apply_activation_checkpointing(model, mem.activation_checkpointing, comp.backend)
     compiled = apply_compile(model, comp) if comp.scope == "blocks" else []
     if par.strategy == "ddp":
         from turbotrain.distributed.ddp import apply_ddp

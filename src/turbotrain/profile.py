@@ -18,14 +18,20 @@ time the step waits), else the larger working part: the optimizer by name where 
 backward together, else compute, unless on a CPU that compute is mostly ops on tiny tensors (per-op overhead:
 host-overhead-bound). Host reads of tensor values inside forward/backward put their removal first. Every
 verdict but compute-bound comes with at least one fix; where no config key is left, the fix is a change to
-the user's code or machine. `profile` refuses a run directory that a training run holds and
-writes nothing through a symbolic link there.
+the user's code or machine. Float64 ops in forward/backward (no precision.dtype reaches them) are advised against.
+
+The training loop's work outside the step is measured too: train.callbacks' on_step_end runs in each step as in
+training (host overhead), and one evaluation and one checkpoint save are timed and spread over train.eval_every
+and checkpoint.every steps; where they take most of the run's time the verdict is eval- or checkpoint-bound.
+What the hooks and the save write goes to a scratch folder removed after. `profile` refuses a run directory
+that a training run holds and writes nothing through a symbolic link there.
 
 Usage: `turbotrain profile gpt2-124m precision.dtype=bf16 compile.enabled=false`.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import json
 import math
@@ -43,6 +49,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
+from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.distributed.env import shutdown
@@ -54,7 +61,7 @@ from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare, process_state_kept
 from turbotrain.report import refuse_links
 from turbotrain.rundir import RunDir, write_run_file
-from turbotrain.step import first_train_step, train_step
+from turbotrain.step import evaluate, first_train_step, train_step
 from turbotrain.workload import peak_mem_gib, resolve_device, sync
 
 PARTS = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "exposed_comm", "host_overhead")
@@ -170,6 +177,30 @@ def tiny_op_share(events) -> float:
     return sum(c.cpu_time_total for c in calls if _numel(c) < TINY_NUMEL) / total if total > 0 else 0.0
 
 
+def _in_f64(evt) -> bool:
+    """An op (or an autograd node, through the ops it ran) working on float64 tensors."""
+    return "double" in (getattr(evt, "input_dtypes", None) or []) or any(_in_f64(c) for c in evt.cpu_children)
+
+
+def f64_share(events) -> float:
+    """The share of forward+backward op time in float64 ops: no precision.dtype runs them (autocast leaves a
+    `.double()` alone), and a GPU does float64 at a small fraction of its float32 rate, with no tensor cores."""
+    calls = [c for e in events if e.name in (phases.PREFIX + "forward", phases.PREFIX + "backward")
+             for c in _calls(e)]
+    total = sum(c.cpu_time_total for c in calls)
+    return sum(c.cpu_time_total for c in calls if _in_f64(c)) / total if total > 0 else 0.0
+
+
+F64_SHARE = 0.05  # float64 work above this share of forward+backward is advised against under any verdict
+
+
+def _f64_tip(share: float) -> dict:
+    return _tip("compute the model and the loss in float32", f"{share:.0%} of forward+backward op time is in float64 "
+                "ops (a `.double()` or a float64 tensor in the model or the loss): precision.dtype does not reach "
+                "them; float64 is twice the bytes and, on a GPU, a small fraction of float32's speed; keep float32 "
+                "(or sum in float32 with torch.float32 accumulation)", share)
+
+
 def host_reads(events, n_steps: int) -> float:
     """Reads of a tensor's value by the host per step inside forward and backward (`.item()`, `float(t)`,
     `if t:` all end in `_local_scalar_dense`): on a GPU each waits for every kernel queued before it."""
@@ -268,9 +299,8 @@ def _data_advice(run: Run, data: float) -> list[dict]:
         recs.append(_rec("data.device_resident=true", "the dataset is an in-memory tensor set: kept on the device it "
                          "needs no loader at all", data))
     if resident:  # no loader to speed up: only fewer, larger gathers
-        recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", f"the step waits for its batch {data:.0%} "
-                         "of the time; a larger batch spreads the per-step gather over more samples", data))
-        return recs
+        return recs + _larger_batch(run, f"the step waits for its batch {data:.0%} of the time", "the per-step "
+                                    "gather", data)
     # the levers left once the keys are used up live in the user's code and the machine
     recs.append(_tip("make the dataset's __getitem__ cheaper", f"the step waits for data {data:.0%} of the time: "
                      "decode, tokenize or augment once ahead of training and cache the result (pre-tokenized arrays, "
@@ -301,14 +331,9 @@ def _comm_advice(run: Run, comm: float) -> list[dict]:
 
 
 def _host_advice(run: Run, host: float) -> list[dict]:
-    c, b, a, recs = run.cfg.compile, run.cfg.data.batch_size, run.cfg.train.grad_accum, []
+    c, recs = run.cfg.compile, []
     if run.trainee.device.type != "cuda":  # no device to idle: the time is Python between the step's phases
-        if a > 1:
-            recs.append(_rec(f"data.batch_size={b * a} train.grad_accum=1", f"{host:.0%} of the step is host work "
-                             f"outside torch ops, paid per micro-batch: the same global "
-                             f"batch in one micro-batch pays it once (more memory)", host))
-        recs.append(_rec(f"data.batch_size={b * 2}", f"{host:.0%} of the step is host work outside torch ops; "
-                         "more samples per step amortize it", host))
+        recs += _larger_batch(run, f"{host:.0%} of the step is host work outside torch ops", "it", host)
         recs.append(_tip("move host work out of the step", f"{host:.0%} of the step is Python outside torch ops "
                          "(in the model's forward, the loss or between the phases): loops over samples, sleeps, "
                          "I/O or synchronous logging; vectorize it or do it once ahead of training", host))
@@ -320,7 +345,19 @@ def _host_advice(run: Run, host: float) -> list[dict]:
     elif not c.enabled:
         recs.append(_rec("compile.enabled=true", f"the GPU idles {host:.0%} of the step waiting for the host; "
                          "compiled graphs launch fewer, fused kernels", host))
-    recs.append(_rec(f"data.batch_size={b * 2}", "more work per launch amortizes the host overhead", host))
+    return recs + _larger_batch(run, f"the GPU idles {host:.0%} of the step waiting for the host", "each launch",
+                                host)
+
+
+def _larger_batch(run: Run, why: str, what: str, share: float) -> list[dict]:
+    """More samples per step to spread a per-step or per-op cost (`what`) over: first the micro-batches merged
+    (the same global batch: the same math, more memory), then a doubled batch, which changes the math."""
+    b, a, recs = run.cfg.data.batch_size, run.cfg.train.grad_accum, []
+    if a > 1:
+        recs.append(_rec(f"data.batch_size={b * a} train.grad_accum=1", f"{why}, paid per micro-batch: the same "
+                         f"global batch in one micro-batch pays {what} once (the same math; more memory)", share))
+    recs.append(_rec(f"data.batch_size={b * 2}", f"{why}: twice the samples pay {what} once (a larger global batch "
+                     "changes the math: retune train.lr)", share))
     return recs
 
 
@@ -444,11 +481,10 @@ def _reads_tip(reads: float, share: float) -> dict:
 
 
 def _tiny_advice(run: Run, compute: float) -> list[dict]:
-    c, b, recs = run.cfg.compile, run.cfg.data.batch_size, []
+    c = run.cfg.compile
     why = (f"forward+backward are {compute:.0%} of the step, mostly ops on tensors too small for their arithmetic "
            "to outweigh their per-op cost")
-    recs.append(_rec(f"data.batch_size={b * 2}", f"{why}: the same ops on twice the samples cost about the same",
-                     compute))
+    recs = _larger_batch(run, why, "each op's cost", compute)
     if not c.enabled:
         recs.append(_rec("compile.enabled=true", f"{why}: compiled, the elementwise ops fuse into fewer", compute))
     recs.append(_tip("vectorize the model's small ops", f"{why}: a Python loop of small tensor ops (per sample, "
@@ -456,10 +492,12 @@ def _tiny_advice(run: Run, compute: float) -> list[dict]:
     return recs
 
 
-def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: float = 0.0) -> tuple[str, list[dict]]:
+def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: float = 0.0,
+            f64: float = 0.0) -> tuple[str, list[dict]]:
     """The bottleneck and ranked recommendations, the verdict's own first: every verdict but compute-bound
     comes with at least one. Each config recommendation can be pasted as it is on this machine: none names a
-    device it does not have. `tiny`: tiny_op_share of a CPU step; `reads`: host_reads per step."""
+    device it does not have. `tiny`: tiny_op_share of a CPU step; `reads`: host_reads per step; `f64`:
+    f64_share of forward+backward."""
     on_gpu = run.trainee.device.type == "cuda"
     g = groups(shares)
     compute = g["forward"] + g["backward"]
@@ -484,6 +522,8 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
     for other in sorted(limits, key=lambda k: -g[k]):
         if other != part and g[other] >= limits[other]:
             recs += advice[other](run, g[other])
+    if f64 >= F64_SHARE:  # first among the compute levers: no config key turns float64 off
+        recs.append(_f64_tip(f64))
     if not on_gpu and tiny >= TINY_BOUND:  # under any verdict, compute in tiny ops has the host's levers
         recs += _tiny_advice(run, compute)
     recs += _compute_advice(run, compute)
@@ -504,6 +544,7 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
         raise UserError(f"--active must be an integer from 1 to {MAX_ACTIVE} (profiled steps), not {active!r}")
     n_warm = 3 if cfg.compile.enabled else 1
     total = n_warm + wait + warmup + active
+    periods = {"eval": cfg.train.eval_every, "checkpoint": cfg.checkpoint.every}  # the user's, before the probe's
     cfg = replace(cfg, train=replace(cfg.train, steps=max(total, cfg.train.steps)),
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
     run_dir = RunDir(cfg.run, is_main=False).path
@@ -511,7 +552,7 @@ def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) ->
     _refuse_links(run_dir / "profile")
     try:  # the caller's RNG, TF32 and environment are theirs again after it, as after train()
         with process_state_kept(), attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
-            return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active)
+            return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active, periods)
     finally:
         phases.enable(False)
         shutdown()
@@ -551,8 +592,9 @@ def _written_whole(path: Path):
         Path(tmp).unlink(missing_ok=True)
 
 
-def _one_step(run: Run, first: bool = False) -> tuple[float, torch.Tensor]:
-    """One train step timed on a drained device, with the data fetch as its own phase; (seconds, loss)."""
+def _one_step(run: Run, first: bool = False, hooks: Hooks | None = None) -> tuple[float, torch.Tensor]:
+    """One train step timed on a drained device, with the data fetch as its own phase, then the callbacks'
+    on_step_end where training calls it (host time outside the phases: host overhead); (seconds, loss)."""
     t0, tr = time.perf_counter(), run.trainee
     with phases.phase("data"):
         micro = [next(run.batches) for _ in range(run.cfg.train.grad_accum)]
@@ -560,19 +602,26 @@ def _one_step(run: Run, first: bool = False) -> tuple[float, torch.Tensor]:
         loss, _ = first_train_step(tr, micro, run.cfg.train.grad_clip)
     else:
         loss, _ = train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)
+    if hooks is not None:
+        t1 = time.perf_counter()
+        hooks.call("on_step_end", 0)
+        hooks.spent += time.perf_counter() - t1
     sync(tr.device)
     return time.perf_counter() - t0, loss
 
 
-def _record(run: Run, wait: int, warmup: int, active: int) -> tuple[profile, list[float], list[torch.Tensor]]:
+def _record(run: Run, wait: int, warmup: int, active: int, hooks: Hooks | None = None
+            ) -> tuple[profile, list[float], list[torch.Tensor]]:
     on_gpu = run.trainee.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     phases.enable(True)
     times, losses = [], []
     with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
                  record_shapes=True, profile_memory=True, with_stack=False) as prof:
-        for _ in range(wait + warmup + active):
-            t, loss = _one_step(run)
+        for i in range(wait + warmup + active):
+            if hooks is not None and i == wait + warmup:  # the callbacks' time in the profiled steps alone
+                hooks.spent = 0.0
+            t, loss = _one_step(run, hooks=hooks)
             times.append(t)
             losses.append(loss)  # read after the timed steps: reading one now would add a sync to each
             prof.step()
@@ -596,7 +645,7 @@ def _memory(run: Run, out: Path, suffix: str) -> dict:
     return memory
 
 
-def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict:
+def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods: dict) -> dict:
     out, tr = run.rundir.path / "profile", run.trainee
     suffix = "" if run.env.is_main else f"-rank{run.env.rank}"  # torchrun: one trace per rank, one report
     _refuse_links(out, suffix)
@@ -604,31 +653,30 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     on_gpu = tr.device.type == "cuda"
     tr.model.train()
     say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
-    with Heartbeat("profile: warming up (compile happens in the first step)"):
-        for i in range(n_warm):
-            _one_step(run, first=i == 0)
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats(tr.device)
-    with Heartbeat("profile: recording the profiled steps"):
-        prof, times, losses = _record(run, wait, warmup, active)
-    memory = _memory(run, out, suffix)
+    with _scratch(out, suffix) as scratch:  # whatever the user's hooks and the timed save write goes with it
+        hooks = _hooks(run, scratch)
+        with Heartbeat("profile: warming up (compile happens in the first step)"):
+            for i in range(n_warm):
+                _one_step(run, first=i == 0, hooks=hooks)
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(tr.device)
+        with Heartbeat("profile: recording the profiled steps"):
+            prof, times, losses = _record(run, wait, warmup, active, hooks)
+        memory = _memory(run, out, suffix)
+        with Heartbeat("profile: timing the loop's evaluation and checkpoint save"):
+            loop = _loop_work(run, scratch, periods, hooks, active)
     # the parts are per-step means: so is the whole they share
     per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
     tiny, reads = 0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active)
-    kind, recs = verdict(shares, run, memory, tiny, reads)
+    f64 = f64_share(prof.events())
+    kind, recs = verdict(shares, run, memory, tiny, reads, f64)
+    kind, recs, part, detail = _loop_verdict(loop, total, shares, kind, recs, bottleneck(shares, tiny),
+                                             describe(shares, tiny))
     bad = sum(not math.isfinite(float(loss)) for loss in losses)
     notes = _notes(run, bad, len(losses))
-    with _written_whole(out / f"trace{suffix}.json.gz") as gz:
-        fd, raw = tempfile.mkstemp(dir=out, prefix=f".trace{suffix}.", suffix=".json")
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(raw)
-            with open(raw, "rb") as f, gzip.open(gz, "wb") as g:
-                shutil.copyfileobj(f, g)
-        finally:
-            Path(raw).unlink(missing_ok=True)
+    _write_trace(prof, out, suffix)
     report = {
         "workload": run.cfg.run.name, "device": run.info["device_name"], "dtype": tr.dtype, "torch": torch.__version__,
         "compile": run.info["compile"] and {**run.info["compile"], **compile_stats(), "fell_back": not tr.compiled},
@@ -638,10 +686,11 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
         "step_ms_profiled": [t * 1e3 for t in times], "breakdown_ms": {k: v * 1e3 for k, v in per.items()},
         "breakdown_share": shares,
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
-        "verdict": kind, "bottleneck": bottleneck(shares, tiny), "verdict_detail": describe(shares, tiny),
+        "verdict": kind, "bottleneck": part, "verdict_detail": detail,
         "tiny_op_share": None if on_gpu else round(tiny, 4), "host_reads_per_step": reads,
+        "float64_op_share": round(f64, 4),
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
-        "top_ops": top, "memory": memory,
+        "loop": loop, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "
                   "the ops inside on CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
@@ -655,18 +704,125 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int) -> dict
     return report
 
 
+def _write_trace(prof: profile, out: Path, suffix: str) -> None:
+    with _written_whole(out / f"trace{suffix}.json.gz") as gz:
+        fd, raw = tempfile.mkstemp(dir=out, prefix=f".trace{suffix}.", suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as f, gzip.open(gz, "wb") as g:
+                shutil.copyfileobj(f, g)
+        finally:
+            Path(raw).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _scratch(out: Path, suffix: str):
+    """A folder inside profile/ for the run's own writers (callbacks' run_dir, the timed checkpoint), gone after:
+    profiling leaves the run's folder alone. One per rank: no rank removes another's."""
+    path = out / f".scratch{suffix}"
+    if path.is_symlink():
+        raise UserError(f"{path} is a symbolic link; profile writes nothing through one: remove it")
+    shutil.rmtree(path, ignore_errors=True)
+    make_dir(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _hooks(run: Run, scratch: Path) -> Hooks | None:
+    """train.callbacks, built as training builds them, with the scratch folder as their run_dir."""
+    if not run.cfg.train.callbacks:
+        return None
+    hooks = Hooks(build_callbacks(run.cfg.train.callbacks), run.cfg.train.steps, run.trainee.model, scratch)
+    hooks.call("on_train_start", 0)  # what on_step_end may rely on (a file opened, a client made) is set up here
+    hooks.spent = 0.0
+    return hooks
+
+
+def _loop_work(run: Run, scratch: Path, periods: dict, hooks: Hooks | None, active: int) -> dict:
+    """The training loop's work outside the step, measured once each here and spread over the steps between
+    them: an evaluation every train.eval_every steps (the one at a run's end is no per-step cost), a checkpoint
+    every checkpoint.every, and the callbacks' on_step_end in each step (part of the step's host overhead)."""
+    tr, d, t = run.trainee, run.cfg.data, run.cfg.train
+    loop = {"callbacks_ms_per_step": (hooks.spent / active * 1e3) if hooks is not None else 0.0}
+    if periods["eval"] and run.val_ds is not None and d.eval_batches:
+        for _ in range(2 if tr.compiled else 1):  # the first compiles eval's graphs: a cost once a run, not each
+            sync(tr.device)
+            t0 = time.perf_counter()
+            evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, eval_metric_fns(t))
+            sync(tr.device)
+        loop["eval"] = _periodic(time.perf_counter() - t0, periods["eval"])
+    if periods["checkpoint"] and run.env.world_size == 1:  # ranks save into one folder: not a scratch per rank
+        ckpt = copy.copy(run.ckpt)
+        ckpt.dir = scratch / "checkpoints"
+        t0 = time.perf_counter()
+        replace(run, ckpt=ckpt).save_checkpoint(1, wait=True)
+        loop["checkpoint"] = _periodic(time.perf_counter() - t0, periods["checkpoint"])
+    return loop
+
+
+def _periodic(seconds: float, every: int) -> dict:
+    return {"ms_each": seconds * 1e3, "every": every, "ms_per_step": seconds * 1e3 / every}
+
+
+LOOP_BOUND = 0.3  # eval or checkpoint work above this share of the run's time bounds it, as a stall would
+LOOP_SECONDARY = 0.1  # above this share its advice is given under any verdict
+
+
+def _loop_verdict(loop: dict, step_s: float, shares: dict, kind: str, recs: list[dict], part: str,
+                  detail: str) -> tuple[str, list[dict], str, str]:
+    """Eval and checkpoint work spread over the steps weighed against the step itself: where it takes most of
+    the run's time, it is the verdict and its fix comes first (the step's own verdict follows in the detail)."""
+    per_step = {k: loop[k]["ms_per_step"] / 1e3 for k in ("eval", "checkpoint") if k in loop}
+    whole = step_s + sum(per_step.values())
+    found = sorted((k for k in per_step if per_step[k] / whole >= LOOP_SECONDARY), key=lambda k: -per_step[k])
+    own = [_loop_rec(k, loop[k], step_s, per_step[k] / whole) for k in found]
+    cb = loop["callbacks_ms_per_step"] / 1e3 / step_s if step_s > 0 else 0.0
+    if cb >= LOOP_SECONDARY and part == "host":  # the host overhead is the callbacks' own
+        recs = [_tip("make train.callbacks' on_step_end cheaper", f"the callbacks' on_step_end takes {cb:.0%} of "
+                     "the step (in the host overhead): do its work every train.log_every steps in on_log, or in a "
+                     "background thread", cb), *recs]
+    if found and sum(per_step.values()) / whole >= LOOP_BOUND:
+        top = found[0]
+        return (f"{top}-bound", [*own, *recs], top,
+                f"{top} {per_step[top] / whole:.0%} of the run's time: {loop[top]['ms_each']:.1f} ms every "
+                f"{loop[top]['every']} step(s) beside a {step_s * 1e3:.1f} ms step (the step itself: {kind}, {detail})")
+    return kind, [*recs, *own], part, detail
+
+
+def _loop_rec(what: str, work: dict, step_s: float, share: float) -> dict:
+    """The period at which this work costs about 5% of the step."""
+    every = max(work["every"] + 1, math.ceil(work["ms_each"] / 1e3 / (0.05 * step_s)))
+    key = "train.eval_every" if what == "eval" else "checkpoint.every"
+    return _rec(f"{key}={every}", f"one {what} takes {work['ms_each']:.1f} ms, {work['ms_each'] / 1e3 / step_s:.1f}x "
+                f"a step, every {work['every']} step(s): {share:.0%} of the run's time; every {every} steps it is "
+                "about 5% of it", share)
+
+
 def _notes(run: Run, bad: int, steps: int) -> list[str]:
     """What the breakdown does not show, each also said as a warning."""
     notes = []
     if bad:  # a diverged model's timings are real but not the ones the healthy model will have
         notes.append(f"the loss was non-finite in the profiled steps: these are timings of a diverged model ({bad} "
                      f"of {steps} steps; NaN/inf values can take other kernel paths); fix the divergence first")
-    if run.cfg.train.callbacks:  # a hook may write or upload: profiling must leave the run's folder alone
-        notes.append(f"train.callbacks ({', '.join(run.cfg.train.callbacks)}) do not run in profile: whatever time "
-                     "their hooks take per step in training is not in this breakdown")
+    if run.cfg.train.callbacks:  # on_step_end runs in each profiled step; the hooks of log steps do not
+        notes.append(f"train.callbacks ({', '.join(run.cfg.train.callbacks)}): on_step_end ran in each profiled "
+                     "step (its time is host overhead); their hooks of log, eval and checkpoint steps do "
+                     "not run in profile: whatever time those take in training is not in this breakdown")
     for note in notes:
         say(f"warning: {note}")
     return notes
+
+
+def _loop_lines(loop: dict) -> list[str]:
+    """The loop's work outside the step: not in the table's parts, which sum to the step."""
+    parts = [f"{k} {w['ms_each']:.1f} ms every {w['every']} step(s) ({w['ms_per_step']:.2f} ms/step)"
+             for k in ("eval", "checkpoint") if (w := loop.get(k))]
+    if loop.get("callbacks_ms_per_step"):
+        parts.append(f"callbacks' on_step_end {loop['callbacks_ms_per_step']:.2f} ms/step (inside host overhead)")
+    return ["", "Outside the step: " + "; ".join(parts) + "."] if parts else []
 
 
 def format_report(r: dict) -> str:
@@ -681,6 +837,7 @@ def format_report(r: dict) -> str:
     lines += [f"**Verdict: {r['verdict']}** — {r['verdict_detail']}", "", "| part | ms/step | share |", "|---|---|---|"]
     for k in PARTS:
         lines.append(f"| {k.replace('_', ' ')} | {r['breakdown_ms'][k]:.2f} | {r['breakdown_share'][k]:.1%} |")
+    lines += _loop_lines(r.get("loop") or {})
     o = r["optimizer"]
     lines += ["", f"Optimizer: {o['name']} ({o['impl']}), {_count(o['params'])} parameters, "
               f"{o['state_mib']} MiB of state.", "", "## Recommendations (ranked)", ""]

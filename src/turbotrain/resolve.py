@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from turbotrain.accel.activation_ckpt import recomputes_in_graph
 from turbotrain.accel.convnet import convnet_targets
 from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
@@ -195,6 +196,12 @@ def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:
     comp, par = c.cfg.compile, c.cfg.parallel
     if not comp.enabled:
         return
+    if comp.backend != "inductor":  # torch.compile passes mode and options to inductor only
+        why = f"an inductor setting; compile.backend is {show_value(comp.backend)}"
+        c.set("compile", "mode", "default", why)
+        c.set("compile", "coordinate_descent_tuning", False, why)
+        c.set("compile", "inductor", {}, why.replace("setting", "settings table"))
+        comp = c.cfg.compile
     if par.strategy == "pipeline" and comp.scope == "model":
         c.set("compile", "scope", "blocks", "under pipeline the schedule runs a stage's forward and backward per "
               "chunk between sends and receives: there is no whole-model forward to trace")
@@ -216,6 +223,15 @@ def _resolve_memory(c: _Changes, facts: Facts) -> None:
     if mem.activation_checkpointing != "none" and not facts.block_params:
         raise UserError("memory.activation_checkpointing needs a model with repeated blocks (a `blocks` ModuleList); "
                         "set memory.activation_checkpointing=\"none\"")
+    comp = c.cfg.compile
+    if mem.activation_checkpointing != "none" and comp.enabled and not recomputes_in_graph(comp.backend):
+        why = (f"memory.activation_checkpointing under compile.backend = {show_value(comp.backend)}: that backend "
+               "would recompute a block by rerunning its graph (BatchNorm's statistics updated twice, new dropout "
+               "masks), so the checkpointed blocks run outside the graph")
+        if comp.fullgraph:
+            raise UserError(f"{why}, which compile.fullgraph = true forbids; set compile.backend=\"aot_eager\" "
+                            "(or \"inductor\"), or compile.fullgraph=false")
+        say(f"warning: {why} (a graph break at each); compile.backend=\"aot_eager\" keeps them in it")
 
 
 def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:

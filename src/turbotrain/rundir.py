@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,15 @@ class RunConfig:
             raise UserError('run.out_dir = "": must name a folder ("." for the current one)')
         if any(ord(c) < 32 or ord(c) == 127 for c in self.out_dir):
             raise UserError(f"run.out_dir = {self.out_dir!r}: must be a path without control characters")
+        if (problem := fs_name_problem(self.out_dir)) is not None:
+            raise UserError(f"run.out_dir = {self.out_dir!r}: {problem}")
         self.out_dir = str(path_arg("run.out_dir", self.out_dir))  # "~/runs" is the home's, not a folder "~"
         if not 0 <= self.seed < 2**32:
             raise UserError(f"run.seed = {self.seed}: must be in 0 .. 2**32-1 (numpy's seed range)")
 
     NAME_MAX = 128  # a folder name, with room for what bench, scale and tune append to it
     NAME_RULE = (f"a run name is 1-{NAME_MAX} letters, digits, spaces and ._-+=@, characters, "
-                 "not '.' or '..', not starting with '-' or a space")
+                 f"not '.' or '..', not starting with '-' or a space, at most {NAME_MAX} bytes as a file name")
     NAME_PUNCT = " ._-+=@,"
 
     @classmethod
@@ -62,7 +65,22 @@ class RunConfig:
         bad = sorted({c for c in name if not cls.name_char_ok(c)})
         if bad:
             return "contains " + ", ".join(repr(c) for c in bad)
-        return None
+        return fs_name_problem(name, cls.NAME_MAX)
+
+
+def fs_name_problem(text: str, max_bytes: int | None = None) -> str | None:
+    """Why `text` cannot be a file name on this system though its characters are fine: the file system counts
+    bytes in its own encoding (a 100-character CJK name is 300 bytes, past the 255 a folder name may have) and
+    an ASCII locale cannot spell "é" at all (mkdir would raise UnicodeEncodeError)."""
+    enc = sys.getfilesystemencoding()
+    try:
+        size = len(text.encode(enc, "surrogateescape"))
+    except UnicodeEncodeError:
+        return (f"cannot be spelt in this system's file-name encoding ({enc}); use ASCII characters, or run under "
+                "a UTF-8 locale (LANG=C.UTF-8)")
+    if max_bytes is not None and size > max_bytes:
+        return f"is {size} bytes long in {enc}"
+    return None
 
 
 # ---------------------------------------------------------------- the run directory
@@ -78,13 +96,37 @@ def open_run_file(path: Path, mode: str = "w"):
     there must never redirect a write to a file outside the run. Modes "w" and "a" (text)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if mode == "a" else os.O_TRUNC)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = regular_fd(path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
                             f"directory: remove it or choose another run.name") from None
-        raise UserError(f"cannot write {path} ({e.strerror}); check run.out_dir and free space") from None
-    return os.fdopen(fd, mode)
+        raise UserError(f"cannot write {path} ({e.strerror}); {write_fix(e)}") from None
+    return os.fdopen(fd, mode, encoding="utf-8")  # read back as UTF-8 (tomllib, json) whatever the locale
+
+
+def regular_fd(path: Path, flags: int) -> int:
+    """`os.open(path, flags)` of a regular file: a FIFO, socket or device planted where a run file goes is
+    refused (OSError EINVAL) instead of blocking the open forever (a FIFO without a reader) or failing later."""
+    import stat
+
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_fix(e: OSError) -> str:
+    """The fix for a write that failed with `e`: a file-size limit is not cured by freeing space."""
+    if e.errno == errno.EFBIG:
+        return "that is the session's file-size limit, not a lack of free space: raise it (ulimit -f unlimited)"
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return "too many open files: raise the limit (ulimit -n 4096) or lower data.num_workers"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "set run.out_dir to a folder you can write"
+    return "free space under run.out_dir or choose another one"
 
 
 def write_run_file(path: Path, text: str) -> None:
@@ -97,8 +139,7 @@ def write_run_file(path: Path, text: str) -> None:
             f.write(text)
     except OSError as e:  # a full disk (ENOSPC at write or at close): the old file stays whole
         tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {path} ({e.strerror or e}); free space under run.out_dir or choose "
-                        "another one") from None
+        raise UserError(f"cannot write {path} ({e.strerror or e}); {write_fix(e)}") from None
     if path.is_symlink():
         raise UserError(f"{path} is a symbolic link; turbotrain does not write through links in a run "
                         f"directory: remove it or choose another run.name")
@@ -157,7 +198,7 @@ class RunDir:
         import fcntl
 
         try:
-            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = regular_fd(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
         except OSError as e:  # a folder, a link or an unwritable directory where the lock goes
             fix = ("set run.out_dir to a writable folder" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
                    else "remove it or choose another run.name")
@@ -241,8 +282,9 @@ class RunDir:
         if not path.exists() or path.is_symlink():
             return
         try:
-            data = path.read_bytes()
-        except OSError as e:  # a folder where metrics.jsonl goes
+            with os.fdopen(regular_fd(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                data = f.read()
+        except OSError as e:  # a folder where metrics.jsonl goes; a FIFO, whose read would wait for a writer
             raise UserError(f"cannot read {path} ({e.strerror or e}); move it aside to resume this run") from None
         kept = []
         for line in data.splitlines():

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
 from turbotrain.accel.compile_cache import save_compile_cache
-from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
+from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns, rng_kept
 from turbotrain.distributed.env import DistEnv, all_mean, shutdown
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, is_rank0, say
@@ -134,8 +134,10 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             with run.blame_batch(micro, done):  # a NaN stop on a batch holding NaN says so
                 row = monitor.measure(done, loss, grad_norm, float(lr), run.batches.wait_s)  # sync point
             if is_eval:
-                try:
-                    row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env, metrics))
+                try:  # the val data's random draws (augmentation) leave training's stream as it was: else
+                    with rng_kept():  # train.eval_every alone would change the loss curve, and a resume's
+                        row.update(evaluate(tr, run.val_ds, d.batch_size, d.eval_batches, t.grad_accum, run.env,
+                                            metrics))
                 except EvalFailed as e:
                     monitor.write(row, run.batches.wait_s)  # the step's own figures, measured: kept
                     raise _saved_first(run, hooks, done, e, loss, grad_norm) from None

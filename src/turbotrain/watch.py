@@ -30,8 +30,17 @@ def sparkline(values: list[float], width: int = 60) -> str:
 
 
 def _last(run: RunFiles, key: str) -> float | None:
-    xs, ys = run.series(key)
-    return ys[-1] if ys else None
+    """The value of the latest row that holds `key`, None when that one is not a number (a NaN validation loss
+    is logged as null): an earlier row's figure shown as the current one would be a wrong number."""
+    v = next((r[key] for r in reversed(run.rows) if key in r), None)
+    return v if _finite(v) else None
+
+
+def _val_loss(run: RunFiles) -> str:
+    row = next((r for r in reversed(run.rows) if "val_loss" in r), None)
+    if row is not None and not _finite(row["val_loss"]):
+        return "null (NaN/inf: the last evaluation diverged)"
+    return _num(_last(run, "val_loss"))
 
 
 def _num(v: float | None, fmt: str = ".4g", unit: str = "") -> str:
@@ -50,7 +59,7 @@ def frame(run: RunFiles, width: int = 60) -> str:
         loss = losses[-1] if losses else None
     lines = [
         f"turbotrain watch — {run.path}   [{describe_state(run)}]",
-        f"step {last.get('step', '–')}   loss {_num(loss)}   val_loss {_num(_last(run, 'val_loss'))}",
+        f"step {last.get('step', '–')}   loss {_num(loss)}   val_loss {_val_loss(run)}",
         f"loss   {sparkline(losses, width)}",
         f"       min {_num(min(losses) if losses else None)}  max {_num(max(losses) if losses else None)}",
         f"speed  {rate_s}   step {_num(_last(run, 'step_ms'), '.1f', ' ms')}   "

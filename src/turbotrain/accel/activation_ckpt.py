@@ -50,7 +50,23 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
+def recomputes_in_graph(backend: str) -> bool:
+    """Whether torch.compile's `backend` recomputes a checkpointed region as part of its graph (AOTAutograd's
+    partitioner: no second buffer write, the forward's dropout masks). Any other backend (dynamo's "eager", "ts", a
+    user's) reruns dynamo's graph of the block under torch's checkpoint with no RNG state kept: BatchNorm's
+    statistics written twice (an autograd error) and new dropout masks in the recompute (wrong gradients)."""
+    from torch._dynamo import lookup_backend
+    from torch._dynamo.backends.common import AotAutograd
+
+    if backend in ("inductor", "cudagraphs") or backend.startswith("aot_"):
+        return True
+    try:
+        return isinstance(lookup_backend(backend), AotAutograd)
+    except Exception:  # not registered (yet): CompileConfig names it; the safe side is outside the graph
+        return False
+
+
+def _checkpointed(block: nn.Module, own_forward, mode: str, outside, *args, **kwargs):
     # a forward the block's instance had of its own (a library's hook), else its class's looked up at each call:
     # a rewrite that swaps the block's class later (kernels.convnet) or gives torch's back is what runs
     block_forward = own_forward or functools.partial(type(block).forward, block)
@@ -60,6 +76,8 @@ def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
             # the recompute reads again
             return block_forward(*(t.clone() if isinstance(t, torch.Tensor) else t for t in a), **k)
 
+    if torch.compiler.is_compiling() and outside is not None:  # the block leaves the graph, checkpointed below
+        return outside(block, own_forward, mode, outside, *args, **kwargs)
     if torch.compiler.is_compiling():  # the graph's recompute leaves buffers alone; only torch's SAC contexts trace
         if mode == "selective":
             ctx = functools.partial(create_selective_checkpoint_contexts, _policy)
@@ -71,7 +89,30 @@ def _checkpointed(block: nn.Module, own_forward, mode: str, *args, **kwargs):
                           else (contextlib.nullcontext(), contextlib.nullcontext()))
         return fwd, _buffers_kept(block, recompute)
 
-    return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+    return checkpoint(_input_kept(block, forward), *args, use_reentrant=False, context_fn=contexts, **kwargs)
+
+
+def _input_kept(block: nn.Module, forward):
+    """`forward`, refusing a block that writes over its input in place (`x += ...`, `x.mul_(...)`): checkpointing
+    keeps that input to rerun the block in backward, and autograd would find it changed (a traceback)."""
+    def run(*a, **k):
+        tensors = [t for t in a if isinstance(t, torch.Tensor)]
+        versions = [t._version for t in tensors]
+        out = forward(*a, **k)
+        if torch.is_grad_enabled() and any(t._version != v for t, v in zip(tensors, versions)):  # eval: no recompute
+            raise UserError(f"memory.activation_checkpointing: a {type(block).__name__} block writes over its input "
+                            "in place (e.g. `x += ...` or `x.mul_(...)` on the block's argument), which checkpointing "
+                            "keeps to recompute the block in backward; make it out of place (x = x + ...), or set "
+                            "memory.activation_checkpointing=\"none\"")
+        return out
+    return run
+
+
+@functools.cache
+def _outside_graph():
+    """_checkpointed as dynamo's graph break: it runs the block on the eager path. Built on first use (importing
+    dynamo takes seconds)."""
+    return torch.compiler.disable(_checkpointed)
 
 
 @contextlib.contextmanager
@@ -82,15 +123,23 @@ def _buffers_kept(block: nn.Module, inner):
     try:
         with inner:
             yield
+    except RuntimeError as e:
+        if "selective activation checkpoint has been mutated" not in str(e):
+            raise
+        raise UserError(f"memory.activation_checkpointing = \"selective\": a {type(block).__name__} block writes in "
+                        "place over a matmul or convolution output that selective checkpointing keeps for backward "
+                        "(e.g. nn.ReLU(inplace=True) after nn.Linear, or `y += x` on a linear's output); set "
+                        "memory.activation_checkpointing=\"full\", or make that operation out of place") from None
     finally:
         with torch.no_grad():
             for b, value in saved:
                 b.copy_(value)
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
-    """Wrap each repeated block's forward (instance attribute, so state_dict keys stay unchanged).
-    Returns the number of blocks wrapped. Usage: `apply_activation_checkpointing(model, "full")`."""
+def apply_activation_checkpointing(model: nn.Module, mode: str, compile_backend: str = "inductor") -> int:
+    """Wrap each repeated block's forward (instance attribute, so state_dict keys stay unchanged); `compile_backend`
+    is the torch.compile backend the blocks will run under, if any. Returns the number of blocks wrapped.
+    Usage: `apply_activation_checkpointing(model, "full")`."""
     if mode == "none":
         return 0
     blocks = find_blocks(model)
@@ -101,8 +150,9 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
         )
     wrapped = list({id(block): block for block in blocks}.values())  # a block listed twice is wrapped once
     remove_activation_checkpointing(model)  # wrapped once, however many runs the model goes through
+    outside = None if recomputes_in_graph(compile_backend) else _outside_graph()
     for block in wrapped:
-        block.forward = functools.partial(_checkpointed, block, block.__dict__.get("forward"), mode)
+        block.forward = functools.partial(_checkpointed, block, block.__dict__.get("forward"), mode, outside)
     return len(wrapped)
 
 

@@ -50,7 +50,10 @@ def build_optimizer(
     else:
         kwargs["foreach"] = False
     opt = cls(_param_groups(model, weight_decay), **kwargs)
-    say(f"optimizer: {name} ({impl}), lr {lr:g}, weight decay {weight_decay:g}")
+    # torch's Adam and SGD add the decay to the gradient (an L2 penalty, which Adam then normalises): not AdamW's
+    # decoupled decay, another update for the same train.weight_decay
+    coupled = " (L2: added to the gradient, not decoupled as under adamw)" if weight_decay and name != "adamw" else ""
+    say(f"optimizer: {name} ({impl}), lr {lr:g}, weight decay {weight_decay:g}{coupled}")
     return opt
 
 

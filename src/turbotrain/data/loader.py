@@ -9,6 +9,7 @@ needs nothing but k.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing.connection
 import signal
 import time
@@ -19,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torch.utils.data._utils import signal_handling
 
+from turbotrain.checkpoint import rng_kept
 from turbotrain.data.datasets import BUILTIN, TensorDataset, host_memory_bytes, map_dict_items
 from turbotrain.errors import UserError
 from turbotrain.plugins import call_factory, is_import_spec, load_object, where
@@ -133,9 +135,44 @@ class StepSampler:
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
         while True:
-            for idx in self.step_indices(step):
-                yield idx.tolist()
+            for m, idx in enumerate(self.step_indices(step)):
+                yield Micro(idx.tolist(), self.read_seed(step, m * self.world + self.rank))
             step += 1
+
+    def read_seed(self, step: int, slot: int) -> int:
+        """The seed a micro-batch's reads draw from: a function of the run's seed and the batch's place alone."""
+        key = f"{self.seed}/{step}/{slot}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+class Micro(list):
+    """A micro-batch's indices, and the seed its reads draw from (pickled with it to a loader worker)."""
+
+    def __init__(self, indices: list[int], seed: int):
+        super().__init__(indices)
+        self.seed = seed
+
+
+class SeededReads(Dataset):
+    """The user's dataset, each micro-batch read under RNGs seeded by its place in the run. Random augmentation
+    in __getitem__ draws from the global RNGs: read in the training process one batch ahead, it moved the
+    stream that dropout draws from and that a checkpoint saves (a resume then drew the next batch's
+    augmentation a second time); in workers, each worker's stream restarted on a resume. Seeded by place, the
+    draws are the same with any data.num_workers, and a resumed run reads the batches the uninterrupted run read."""
+
+    def __init__(self, ds: Dataset):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        with rng_kept(getattr(indices, "seed", None)):
+            many = getattr(self.ds, "__getitems__", None)
+            return many(list(indices)) if callable(many) else [self.ds[i] for i in indices]
 
 
 def _batch_collate(batch):  # TensorDataset.__getitems__ already returns a collated batch
@@ -143,9 +180,12 @@ def _batch_collate(batch):  # TensorDataset.__getitems__ already returns a colla
 
 
 def _worker_signals(worker_id: int) -> None:
-    """A terminal's Ctrl-C reaches the whole process group: workers ignore it, so the training process alone
-    handles the stop (finish the step, checkpoint, exit) instead of losing a worker mid-batch."""
+    """A terminal's Ctrl-C, and a scheduler's SIGTERM (SLURM's scancel, systemd's stop), reach the whole process
+    group: workers ignore both, so the training process alone handles the stop (finish the step, checkpoint,
+    exit) instead of losing a worker mid-batch and ending in an error with the steps since the last checkpoint
+    lost. They end with the loader (or by their watchdog once the training process is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # torch's handlers print a line of their own to stderr for these; the training process names the death
     for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
         signal.signal(sig, signal.SIG_DFL)
@@ -174,7 +214,9 @@ class Batches:
             collate = _batch_collate if isinstance(ds, TensorDataset) else default_collate
             # its own generator: starting an iterator draws the workers' base seed, and drawn from the global RNG
             # (restored by a resume just before) it would shift dropout's stream off the uninterrupted run's
-            self.loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_worker_signals,
+            # in-memory tensors draw nothing while read: only the user's dataset needs its reads seeded
+            reads = ds if isinstance(ds, TensorDataset) else SeededReads(ds)
+            self.loader = DataLoader(reads, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_worker_signals,
                                      generator=torch.Generator().manual_seed(sampler.seed), **(settings or {}))
             self._it = iter(self.loader)
             _no_async_worker_errors(self._it)
@@ -202,7 +244,7 @@ class Batches:
         except UserError:  # the run ends here, and torch's shutdown after a worker's error waits 5 s for each
             for w in getattr(self._it, "_workers", []):
                 if w.is_alive():
-                    w.terminate()
+                    w.kill()  # they ignore SIGTERM (see _worker_signals)
             raise
 
     def _read(self):

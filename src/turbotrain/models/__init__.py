@@ -59,8 +59,10 @@ def args_from_data(cfg: ModelConfig, meta: dict) -> dict:
 
 
 def estimate_params(cfg: ModelConfig) -> int | None:
-    """A built-in model's parameter count from its arguments, before anything is allocated (None for other
-    models, and for arguments the builder will refuse with its own message)."""
+    """A built-in or `hf:<model_type>` model's parameter count from its arguments, before anything is allocated
+    (None for other models, and for arguments the builder will refuse with its own message)."""
+    if hf.is_hf_name(cfg.name):
+        return hf.estimate_params(cfg.name, cfg.args)
     if cfg.name not in BUILTIN:
         return None
     module = importlib.import_module(f"turbotrain.models.{cfg.name}")
@@ -78,7 +80,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     """Build on the CPU from `model.name` and `model.args`. Usage: `build_model(cfg.model)`."""
     if hf.is_hf_name(cfg.name):
         return hf.build_hf(cfg.name, cfg.args)
-    model = call_factory(model_factory(cfg), "model.args", **cfg.args)
+    with hf.quiet_torchao_import():  # a factory building an HF model imports its classes: no log lines on stderr
+        model = call_factory(model_factory(cfg), "model.args", **cfg.args)
     model = adapt(model)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name = {cfg.name!r}: the factory returned {type(model).__name__}, not an nn.Module")

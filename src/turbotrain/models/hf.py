@@ -201,6 +201,19 @@ def build_hf(name: str, args: dict) -> nn.Module:
     return HFModel(_hf_call(name, "model.args", auto.from_config, cfg))
 
 
+def estimate_params(name: str, args: dict) -> int | None:
+    """`hf:<model_type>`'s parameter count, built on the meta device (nothing allocated): hf:llama's defaults are
+    a 7B model, which built for real would swap the machine to a halt. None for a saved directory, and for
+    arguments that build_hf refuses with its own message."""
+    if hf_target(name)[1] is not None:
+        return None
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_hf(name, args).parameters())
+    except UserError:
+        return None
+
+
 def _hf_call(name: str, what: str, fn, *args, **kwargs):
     """transformers refusing a config or a saved directory (bad JSON, missing weights, a value of the wrong
     type, sizes that do not divide) is one UserError naming model.name and what it refused."""
@@ -249,6 +262,9 @@ class HFModel(nn.Module):
         self.hf = hf
         if hasattr(hf.config, "use_cache"):
             hf.config.use_cache = False  # training: a KV cache is memory for nothing (and clashes with act-ckpt)
+        # .logits / .loss are read by name; a config with return_dict=False gives tuples, through which some
+        # transformers models (gpt2) cannot even run their own head
+        hf.config.return_dict = True
         self.input_name = getattr(hf, "main_input_name", "input_ids")
         self.causal = type(hf).__name__ in _causal_names()
         if self.causal:

@@ -14,13 +14,15 @@ from turbotrain.errors import UserError
 from turbotrain.monitor import sinks
 from turbotrain.monitor.rules import Fired, GradRules, LossRules, MonitorConfig, RowRules
 
+REPLAY_ROWS = 1000  # Alerts.resume: the first and the last rows of a run that the rules see again
+
 
 class NonFiniteLoss(UserError):
     """The loss stayed NaN/inf for train.max_bad_steps steps in a row."""
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+def _finite_or_none(x) -> float | None:
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 class Alerts:
@@ -86,6 +88,27 @@ class Alerts:
     def check_row(self, row: dict, step: int, warm: bool = True) -> None:
         for f in self.row_rules.check(row, warm):
             self.emit(f, step)
+
+    def resume(self, rows: list[dict], sent: list[dict], grads: bool = True) -> None:
+        """A resumed run: the loss and gradient rules see the rows logged up to the checkpoint again, quietly, so
+        their baselines, windows and streaks are the run's (a dead gradient's first readings, the first loss), not
+        the restart's; a rule this rank sent (`sent`: alerts.jsonl's records, of any attempt) waits out
+        monitor.alert_repeat_s from then, as it would have in one process. `grads`: False with fp16's loss
+        scaling (its gradient norms are not judged). The row rules start afresh: throughput, memory and data
+        wait are readings of the process, and it is a new one. Of a long run only the first rows (the baselines)
+        and the last REPLAY_ROWS (every window the rules keep) are replayed: a resume must not take minutes."""
+        for row in rows[:REPLAY_ROWS] + rows[max(REPLAY_ROWS, len(rows) - REPLAY_ROWS):]:
+            loss, norm = _finite_or_none(row.get("loss")), _finite_or_none(row.get("grad_norm"))
+            if loss is None:
+                continue
+            spiked = any(f.rule == "loss_spike" for f in self.loss_rules.check(loss))
+            if grads and norm is not None:
+                self.grad_rules.check(norm, loss, spiked)
+        now = self.clock()
+        for a in sent:
+            t, rule = _finite_or_none(a.get("time")), a.get("rule")
+            if a.get("rank") == self.rank and isinstance(rule, str) and t is not None and t <= now:
+                self.last_sent[rule] = max(t, self.last_sent.get(rule, t))
 
     def emit(self, fired: Fired, step: int, console: bool = True, repeat: bool = False,
              rank: int | None = None) -> dict | None:

@@ -23,7 +23,9 @@ RULES = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "lo
 DIVERGING_RHO = 0.85  # loss_diverging: the least rank correlation of the window's losses with their order
 THROUGHPUT_DROP_STEPS = 10  # throughput_drop: the least steps the slow log windows in a row must span
 DIVERGING_SCALES = (1, 2, 4, 8)  # loss_diverging: the trend windows, in multiples of loss_diverging_window
+DIVERGING_BLOWUP = 100.0  # loss_diverging: 2 log steps in a row this many times the run's first loss: a blow-up
 DIVERGING_T = 8.0  # loss_diverging: the least t-statistic of the shortest window's trend (linear or log scale)
+SPIKE_POSITIVE_STEPS = 50  # loss_spike: log steps since the last loss <= 0 (the running average forgets it by then)
 SPIKE_SIGMAS = 5.0  # loss_spike: the least distance above the running average, in the loss's own noise
 GRAD_EXPLODING_FACTOR = 10.0  # grad_exploding: gradient norms this many times the median of the recent ones on 2
 GRAD_EXPLODING_ONCE = 100.0  # log steps in a row, or one norm this many times it (a lone clipped spike of ~10-30x is
@@ -178,13 +180,18 @@ class LossRules:
         self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1) * DIVERGING_SCALES[-1])
         # the loss at the last progress and the log-step count then; the best (lowest) loss since
         self.ref, self.best_at, self.best = math.inf, 0, math.inf
+        self.first: float | None = None  # the run's first loss: the untrained model's, the highest a run should see
+        self.blown = Streak(2)  # log steps in a row far above `first`
+        self.nonpositive_at = -SPIKE_POSITIVE_STEPS  # the log-step count at the last loss <= 0
 
     def check(self, loss: float) -> list[Fired]:
         if not math.isfinite(loss):
             return []
         self.n += 1
+        if loss <= 0:
+            self.nonpositive_at = self.n
         spike = self._spike(loss)
-        out = [f for f in (spike, self._diverging(loss)) if f]
+        out = [f for f in (spike, self._diverging(loss, spike is not None)) if f]
         # the plain mean of the first 10 losses, then an EMA: seeding an EMA with the first loss alone would
         # weigh that one batch at 73% three log steps later, and a noisy loss would "spike" against it. A spike
         # enters at the threshold it crossed: one bad batch must not lift the baseline the next one is judged by
@@ -208,8 +215,11 @@ class LossRules:
 
     def _spike(self, loss: float) -> Fired | None:
         k = self.cfg.loss_spike_factor
-        # from the 3rd log step: the first losses of a run fall fast and say nothing about spikes
-        if not (k and self.ema is not None and self.n > 2 and loss > 0 and self.ema > 0):
+        # from the 3rd log step: the first losses of a run fall fast and say nothing about spikes. A ratio to the
+        # average means nothing for a loss that crosses zero (a log-likelihood, a GAN's): an average near 0 makes
+        # any positive loss "many times" it, so the loss must have stayed positive for SPIKE_POSITIVE_STEPS
+        if not (k and self.ema is not None and self.n > 2 and loss > 0 and self.ema > 0
+                and self.n - self.nonpositive_at > SPIKE_POSITIVE_STEPS):
             return None
         # a noisy loss (small batches) crosses k x its average by chance: the point must also stand
         # SPIKE_SIGMAS of the loss's own noise above it
@@ -219,11 +229,30 @@ class LossRules:
                          f"loss {loss:.4g} is {loss / self.ema:.1f}x its running average {self.ema:.4g}")
         return None
 
-    def _diverging(self, loss: float) -> Fired | None:
+    def _diverging(self, loss: float, spiked: bool) -> Fired | None:
         w = self.cfg.loss_diverging_window
         if not w:
             return None
         self.window.append(loss)
+        blown = self._blown_up(loss, spiked) if self.n <= w else None
+        return self._trend(w) or blown
+
+    def _blown_up(self, loss: float, spiked: bool) -> Fired | None:
+        """A loss DIVERGING_BLOWUP x the run's first one, 2 log steps in a row, within the first trend window: an LR
+        far too high blows the loss up within a step or two and leaves it there, finite; the trend windows (and the
+        spike rule, from the 3rd log step) would take that new level for the run's own. Later a jump that high is
+        a loss_spike against the running average. Not for a loss that has crossed zero (a ratio to a
+        first loss near 0 means nothing), nor for a spike (a batch or two of bad labels: loss_spike says it)."""
+        self.first = self.first if self.first is not None else loss
+        positive = self.nonpositive_at < 1  # no loss <= 0 yet
+        if not self.blown.update(positive and not spiked and self.first > 0 and loss > DIVERGING_BLOWUP * self.first):
+            return None
+        # in the trend's units (a relative rise, over loss_diverging_rise): one rule, one kind of record
+        return Fired("loss_diverging", loss / self.first - 1, self.cfg.loss_diverging_rise,
+                     f"loss {loss:.4g} is {loss / self.first:.3g}x the run's first loss {self.first:.4g}: training "
+                     "blew up; lower train.lr or raise train.warmup_steps")
+
+    def _trend(self, w: int) -> Fired | None:
         # the configured window, then 2x, 4x, 8x it: a rise of 1% a log step never rises 20% within 10 log
         # steps, yet it is 2x in 70; over the longer windows the rank order alone tells a trend from noise
         for scale in DIVERGING_SCALES:
@@ -317,22 +346,25 @@ class GradRules:
         self.low = Streak(GRAD_VANISHING_STEPS)
         self.high_before = False  # the last log step's norm was above the factor (a second one fires)
 
-    def _factor(self) -> float | None:
-        """GRAD_EXPLODING_FACTOR, or more where the recent norms scatter widely (small batches): GRAD_SIGMAS of
-        their scatter in log space (1.4826 x the median absolute deviation). None: no positive norms to judge."""
-        if min(self.recent) <= 0:
+    def _factor(self) -> tuple[float, float] | None:
+        """(factor, reference): GRAD_EXPLODING_FACTOR, or more where the recent norms scatter widely (small
+        batches): GRAD_SIGMAS of their scatter in log space (1.4826 x the median absolute deviation); the
+        reference is their median. Only the positive norms count: one exactly-zero norm (a batch whose loss
+        ignores every weight) must not leave the rule blind for the next 20 log steps. None: fewer than 3."""
+        positive = [g for g in self.recent if g > 0]
+        if len(positive) < 3:
             return None
-        logs = [math.log(g) for g in self.recent]
+        logs = [math.log(g) for g in positive]
         mid = statistics.median(logs)
         sigma = 1.4826 * statistics.median(abs(x - mid) for x in logs)
-        return max(GRAD_EXPLODING_FACTOR, math.exp(GRAD_SIGMAS * sigma))
+        return max(GRAD_EXPLODING_FACTOR, math.exp(GRAD_SIGMAS * sigma)), statistics.median(positive)
 
     def check(self, norm: float, loss: float, loss_spiked: bool) -> list[Fired]:
         """`loss_spiked`: the loss rules called this log step's loss a spike, which explains its gradient."""
         out = []
         high = False
-        if len(self.recent) >= 3 and not loss_spiked and (factor := self._factor()):
-            ref = statistics.median(self.recent)
+        if not loss_spiked and (got := self._factor()):
+            factor, ref = got
             high = norm > factor * ref
             if (norm > max(GRAD_EXPLODING_ONCE, factor) * ref) or (high and self.high_before):
                 out.append(Fired("grad_exploding", norm, factor * ref,

@@ -5,6 +5,7 @@ calls it at three points: `after_step` every step (no device sync), `measure` + 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
@@ -62,6 +63,9 @@ class RunMonitor:
         except BaseException:
             self.logger.close()
             raise
+        if start_step:  # the rules go on from the checkpoint's step as if the run had not stopped
+            rows = [r for r in _records(run_dir / "metrics.jsonl") if _step(r) is not None and _step(r) <= start_step]
+            self.alerts.resume(rows, _records(run_dir / "alerts.jsonl"), grads=not loss_scaling)
         self.fwd_timer = ForwardTimer(device, enabled=env.world_size > 1)
         self.stragglers = StragglerWatch(straggler_ratio, device, env.rank)
         self.n_warm = min(3, max(1, (steps - start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
@@ -144,6 +148,10 @@ class RunMonitor:
         """Log the row (JSONL, TensorBoard, console); the next throughput window starts now."""
         self.logger.log(row)
         self.last = row
+        if "val_loss" in row and row["val_loss"] is None:  # evaluation's NaN/inf, logged as null (step.evaluate)
+            self.alerts.emit(Fired("loss_nonfinite", math.nan, math.inf,
+                                   f"validation loss is NaN/inf at step {row['step']} (logged as null): the model "
+                                   "diverges in eval mode, or the val data holds NaN/inf"), row["step"])
         if self.alerts.prometheus is not None:
             self.alerts.prometheus.update(row)
         if self.watchdog is not None:
@@ -211,3 +219,24 @@ def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps
         prometheus = sinks.Prometheus(port, cfg.prometheus_addr, env.rank)
     return Alerts(max_bad_steps, cfg, rank=env.rank, jsonl=sinks.JsonlFile(run_dir / "alerts.jsonl"),
                   webhook=webhook, prometheus=prometheus)
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file of the run, leniently: a line cut short or damaged is skipped (the
+    resume goes on with what is readable), a file that is not there is no records."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def _step(row: dict) -> int | None:
+    s = row.get("step")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
