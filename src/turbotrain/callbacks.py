@@ -146,6 +146,12 @@ class Hooks:
                          f"so; turbotrain switched it back (a hook that runs the model must restore its mode)")
         return out
 
+    def reads_rows(self) -> bool:
+        """Whether a callback has an on_log of its own (Callback's is a no-op): it may read the model or the run
+        at that step, so the loop builds rows at their step (no deferred rows: trainer._write_deferred)."""
+        return any(callable(getattr(cb, "on_log", None)) and getattr(type(cb), "on_log", None) is not Callback.on_log
+                   for cb in self.callbacks)
+
     def log(self, row: dict) -> None:
         """At a log step: the callbacks see the row and may add numbers to it (never overwrite a key)."""
         self.row = MappingProxyType(dict(row))

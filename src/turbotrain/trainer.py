@@ -112,6 +112,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
     """Steps from the start (or resumed) step to train.steps; returns the last step done."""
     t, tr, every, done = run.cfg.train, run.trainee, run.cfg.checkpoint.every, run.start_step
     d = run.cfg.data
+    defer = monitor.can_defer and not hooks.reads_rows()  # a callback's on_log sees the row at its own step
     tr.model.train()
     for step in range(run.start_step, t.steps):
         done = step + 1
@@ -128,9 +129,12 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         else:
             with run.blame_batch(micro, done):  # a batch that breaks the data contract is named, not a traceback
                 loss, grad_norm = train_step(tr, micro, t.grad_clip, want_norm=is_log, fwd_timer=monitor.fwd_timer)
+        _write_deferred(run, monitor, hooks)  # the last log step's row: read now that this step is queued behind it
         monitor.after_step(done, loss)  # on the device: no sync
         hooks.call("on_step_end", done)  # host values only: no sync
-        if is_log or is_eval:
+        if defer and is_log and not is_eval and done < t.steps and not (every and done % every == 0):
+            monitor.snapshot(done, loss, grad_norm, float(lr), run.batches.wait_s, micro)  # no sync
+        elif is_log or is_eval:
             with run.blame_batch(micro, done):  # a NaN stop on a batch holding NaN says so
                 row = monitor.measure(done, loss, grad_norm, float(lr), run.batches.wait_s)  # sync point
             if is_eval:
@@ -148,6 +152,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
         # at the last step the run ends as a finished one (end checkpoint, final/, summary): a stop there would
         # leave no final/, and the rerun it asks for would find nothing left to train
         if done < t.steps and _agreed_stop(stop, run, check=is_log or run.env.world_size == 1):
+            _write_deferred(run, monitor, hooks)
             saved = bool(every) and _finite(run, loss, grad_norm)  # a NaN checkpoint would be the one resumed
             if saved:
                 _save(run, hooks, done)
@@ -157,6 +162,17 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             _save(run, hooks, done, wait=False)  # the end and stop saves wait for theirs
             monitor.exclude(time.perf_counter() - t0)  # a save is not training time
     return done
+
+
+def _write_deferred(run: Run, monitor: RunMonitor, hooks: Hooks) -> None:
+    """The row of a log step whose values `monitor.snapshot` took without a sync, if one is pending."""
+    if monitor.pending is None:
+        return
+    pending = monitor.pending
+    with run.blame_batch(pending.batch, pending.done):  # a NaN stop on a batch holding NaN says so
+        row = monitor.deferred()
+    hooks.log(row)
+    monitor.write(row, pending.wait_s, overlapped=True)
 
 
 def _save(run: Run, hooks: Hooks, step: int, wait: bool = True) -> None:

@@ -1,7 +1,8 @@
 """One object owns a run's monitoring: the step meter, the non-finite streak, NVML readings, alerts (rules,
 sinks, the hung-step watchdog), straggler detection, the metrics logger and the final summary. The loop
-calls it at three points: `after_step` every step (no device sync), `measure` + `write` at log steps,
-`summary` at the end; `close` in a finally."""
+calls it at three points: `after_step` every step (no device sync), `measure` + `write` at log steps (or, on
+one GPU, `snapshot` there and `deferred` + `write` once the next step is queued), `summary` at the end; `close` in
+a finally."""
 from __future__ import annotations
 
 import contextlib
@@ -70,6 +71,8 @@ class RunMonitor:
         self.stragglers = StragglerWatch(straggler_ratio, device, env.rank)
         self.n_warm = min(3, max(1, (steps - start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
         self.meter, self.start_step, self.last = Meter(self.n_warm, start_step), start_step, {}
+        self.pending: Pending | None = None
+        self._host: torch.Tensor | None = None  # pinned on a GPU: the copy in snapshot does not wait
         self.bad_streak = torch.zeros((), dtype=torch.int32, device=device)  # non-finite losses in a row
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -90,22 +93,63 @@ class RunMonitor:
         """The metrics row of a log step. Sync point: reads the clock and the loss. Stops the window clock, so
         what runs before `write` (evaluation) stays out of the throughput. Runs the alert rules."""
         sync(self.device)
+        window = self.meter.window(done, data_wait_s)
+        loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(self.device), self.bad_streak.item()], self.device)
+        return self._row(done, window, loss_v, grad_norm.item() if grad_norm is not None else None, lr, peak, streak,
+                         data_wait_s)
+
+    @property
+    def can_defer(self) -> bool:
+        """Whether log rows may be built a step late (`snapshot`): only one GPU gains (a CPU runs each op as it is
+        called, and several ranks average the row in a collective that every rank must reach at once)."""
+        return self.device.type == "cuda" and self.env.world_size == 1
+
+    def snapshot(self, done: int, loss: torch.Tensor, grad_norm: torch.Tensor | None, lr: float, data_wait_s: float,
+                 batch: object = None) -> None:
+        """A log step's values, copied off the device without waiting for it; `deferred` builds the row once the
+        next step is queued behind it. A sync here would leave the GPU idle while the host reads, logs and
+        relaunches (with train.log_every=1, a few % of a GPT-2 step: docs/benchmarks.md)."""
+        nan = torch.full((), math.nan, device=loss.device)
+        norm = grad_norm.detach().float().reshape(()) if grad_norm is not None else nan
+        values = torch.stack([loss.detach().float().reshape(()), norm, self.bad_streak.float()])
+        if self._host is None:
+            self._host = torch.empty(3, pin_memory=self.device.type == "cuda")
+        self._host.copy_(values, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self.pending = Pending(done, lr, data_wait_s, grad_norm is not None, event, batch)
+
+    def deferred(self, checks: bool = True) -> dict:
+        """The row of the pending `snapshot`; waits for that step only (the next one is queued behind it)."""
+        p, self.pending = self.pending, None
+        if p.event is not None:
+            p.event.synchronize()
+        window = self.meter.window(p.done, p.wait_s)
+        loss_v, norm, streak = self._host.tolist()
+        return self._row(p.done, window, loss_v, norm if p.has_norm else None, p.lr, peak_mem_gib(self.device),
+                         streak, p.wait_s, overlapped=True, checks=checks)
+
+    def _row(self, done: int, window: tuple, loss_v: float, grad_v: float | None, lr: float, peak: float,
+             streak: float, wait_s: float, overlapped: bool = False, checks: bool = True) -> dict:
         warm = self.meter.window_start - self.start_step >= self.n_warm  # no compile / warm-up in this window
-        dt, n, wait = self.meter.window(done, data_wait_s)
+        dt, n, wait = window
         rate = n * self.cost.global_batch / dt
         self.meter.record(rate)
-        loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(self.device), self.bad_streak.item()], self.device)
-        row = {"step": done, "loss": loss_v, "lr": lr, "grad_norm": grad_norm.item() if grad_norm is not None else None,
+        row = {"step": done, "loss": loss_v, "lr": lr, "grad_norm": grad_v,
                **self._rates(rate, dt / n, wait / dt), "peak_mem_gib": round(peak, 4)}
         if self.env.world_size > 1:
             row.update(self._sync_probe())
             row.update(self.stragglers.update((self.fwd_timer.take() + wait) / n, done))
             self._straggler_alert(row, done)
         row.update(self._gpu_row())
+        if not checks:  # a row written as the run fails for another reason (close)
+            return row
         try:
             self.alerts.check_loss(loss_v, done, streak, final=done == self.steps)
         except NonFiniteLoss:  # the run ends here: its last row, with the NaN that ended it, is kept
-            self.write(row, data_wait_s)
+            self.write(row, wait_s, overlapped)
             raise
         if math.isfinite(loss_v) and not self.scaled:
             self.alerts.check_grad(row["grad_norm"], done, loss_v)
@@ -144,8 +188,9 @@ class RunMonitor:
         sys.stdout.flush()
         os._exit(HUNG_EXIT_CODE)
 
-    def write(self, row: dict, data_wait_s: float) -> None:
-        """Log the row (JSONL, TensorBoard, console); the next throughput window starts now."""
+    def write(self, row: dict, data_wait_s: float, overlapped: bool = False) -> None:
+        """Log the row (JSONL, TensorBoard, console); the next throughput window starts now (`overlapped`, a
+        `deferred` row: where the window ended, as the device ran on while the host logged)."""
         self.logger.log(row)
         self.last = row
         if "val_loss" in row and row["val_loss"] is None:  # evaluation's NaN/inf, logged as null (step.evaluate)
@@ -156,7 +201,7 @@ class RunMonitor:
             self.alerts.prometheus.update(row)
         if self.watchdog is not None:
             self.watchdog.beat(row["step"])  # evaluation is not a hang
-        self.meter.restart(row["step"], data_wait_s)
+        self.meter.restart(row["step"], data_wait_s, overlapped)
 
     def exclude(self, seconds: float) -> None:
         """Time spent outside training (a checkpoint save) stays out of throughput and its alerts."""
@@ -200,11 +245,31 @@ class RunMonitor:
         fails (a full disk under alerts.jsonl must not leave metrics.jsonl unflushed); the failure is raised."""
         with contextlib.ExitStack() as parts:  # runs the callbacks last-registered first, each whatever happens
             parts.callback(self.logger.close)
+            parts.callback(self._write_pending)
             if self.alerts.prometheus is not None:
                 parts.callback(self.alerts.prometheus.close)
             parts.callback(self.alerts.close, wait_s=self.cfg.webhook_timeout_s)
             if self.watchdog is not None:
                 parts.callback(self.watchdog.stop)
+
+
+    def _write_pending(self) -> None:
+        """A run failing in the step after a log step still writes that step's row, when the device can give it."""
+        if self.pending is not None:
+            with contextlib.suppress(RuntimeError):  # a failed device (a CUDA error is sticky) gives nothing back
+                self.logger.log(self.deferred(checks=False))
+
+
+@dataclass
+class Pending:
+    """A log step's row, waiting for its values to come off the device (RunMonitor.snapshot)."""
+
+    done: int
+    lr: float
+    wait_s: float
+    has_norm: bool
+    event: torch.cuda.Event | None  # recorded after the copy; None on a CPU, where the copy is done at once
+    batch: object  # the step's batch, for naming a NaN it holds (Run.blame_batch)
 
 
 def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps: int) -> Alerts:

@@ -29,9 +29,11 @@ class Meter:
         if self.window_start - self.start_step >= self.n_warm:
             self.windows.append(rate)
 
-    def restart(self, done: int, wait_s: float) -> None:
-        """After logging/eval: the next window starts now; that time stays out of the summary."""
-        self.window_t0, self.window_start, self.window_wait0 = time.perf_counter(), done, wait_s
+    def restart(self, done: int, wait_s: float, overlapped: bool = False) -> None:
+        """After logging/eval: the next window starts now; that time stays out of the summary. `overlapped`: the
+        row was built while the device ran the next step (RunMonitor.snapshot), so no time is left out."""
+        self.window_t0 = self.t_log if overlapped else time.perf_counter()
+        self.window_start, self.window_wait0 = done, wait_s
         if self.timed_t0 is not None:
             self.excluded_s += self.window_t0 - self.t_log
 
