@@ -51,6 +51,7 @@ from turbotrain.errors import UserError
 from turbotrain.files import path_arg, room_left, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import unwrap
+from turbotrain.rundir import write_fix
 
 
 @dataclass
@@ -122,6 +123,16 @@ def _rng_state() -> tuple[dict, dict]:
     plain = {"numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
              "python": [py_state[0], list(py_state[1]), py_state[2]]}
     return tensors, plain
+
+
+def _fsize_limited(inner: BaseException | None) -> bool:
+    """A write that torch.save reports in its own words (`basic_ios::clear`, `unexpected pos`) under a finite
+    file-size limit (`ulimit -f`): the limit is the likely cause, said as such."""
+    import resource
+
+    if inner is None or isinstance(inner, OSError):
+        return False
+    return resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
 
 
 @contextlib.contextmanager
@@ -589,6 +600,11 @@ class Checkpointer:
                 reason = inner.strerror + (f" [{errno.errorcode.get(inner.errno, inner.errno)}]" if inner.errno else "")
             else:
                 reason = f"{type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:120]}"
+        inner = _dcp_inner(failure) if failure is not None else None
+        limit = isinstance(inner, OSError) and inner.errno in (errno.EFBIG, errno.EMFILE, errno.ENFILE)
+        if limit or _fsize_limited(inner):  # a per-process limit: free space would not help
+            why = write_fix(inner) if limit else write_fix(OSError(errno.EFBIG, "File too large"))
+            return f"checkpoint: cannot write {tmp} ({reason}); the earlier checkpoints are kept; {why}"
         free = room_left(self.dir)
         return (f"checkpoint: cannot write {tmp} ({reason}{free}); the earlier checkpoints are kept: free "
                 f"{'files' if 'inodes' in free else 'space'} on that disk, set run.out_dir to another disk, or lower "

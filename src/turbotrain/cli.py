@@ -140,15 +140,12 @@ def _arg_error_line(parser: argparse.ArgumentParser, e: _ArgError) -> str:
 
 
 def _user_code_on_path(config: str | None) -> None:
-    """The console script, unlike `python -m`, has not the current directory on sys.path: put the config
-    file's folder and the current directory first, for `pkg.module:name` objects in the config, and export
-    them on PYTHONPATH for the processes bench and scale start."""
-    from turbotrain.config import config_path
+    """The console script, unlike `python -m`, has not the current directory on sys.path: put the folders of the
+    config file and of the files it extends, then the current directory, first, for `pkg.module:name` objects in
+    the config, and export them on PYTHONPATH for the processes bench and scale start."""
+    from turbotrain.config import chain_folders
 
-    dirs = []
-    path = config_path(config) if config else None
-    if path is not None:
-        dirs.append(os.path.abspath(path.parent))
+    dirs = [str(folder) for folder in chain_folders(config)] if config else []  # each file's code beside it
     dirs.append(os.getcwd())
     dirs = list(dict.fromkeys(dirs))
     sys.path[:] = dirs + [p for p in sys.path if p not in dirs]

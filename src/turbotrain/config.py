@@ -256,6 +256,28 @@ def config_path(source: str, base: Path | None = None) -> Path | None:
     return None
 
 
+def chain_folders(source: str) -> list[Path]:
+    """The folders of the files in `source`'s extends chain, outermost first (a preset has none): user code named
+    in a file is imported from beside it, wherever the chain is used from. A file that cannot be read ends the
+    walk quietly; load_config says why."""
+    folders: list[Path] = []
+    base = None
+    for _ in range(MAX_EXTENDS):
+        try:
+            path = config_path(source, base)
+            raw = tomllib.loads(path.read_text(encoding="utf-8-sig")) if path is not None else {}
+        except (UserError, OSError, ValueError):
+            break
+        if path is None or path.parent.absolute() in folders:
+            break
+        folders.append(path.parent.absolute())
+        source, base = raw.get("extends"), path.parent
+        if not isinstance(source, str) or not source.strip():
+            break
+        source = source.strip()
+    return folders
+
+
 def _read_text(path: Path, shown: str) -> str:
     if path.is_dir():
         raise UserError(f"config {shown} is a directory; pass a .toml file inside it or a preset name")

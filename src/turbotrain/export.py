@@ -116,7 +116,7 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
     try:
         tmp.mkdir(parents=True)
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
-        (tmp / "config.toml").write_text(to_toml(cfg))
+        (tmp / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
         info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
                 "class": model_class_name(user), "torch": torch.__version__}
         (tmp / "final.json").write_text(json.dumps(info, indent=1))

@@ -315,6 +315,29 @@ def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: b
     write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
     if start_step and not fresh:
         rundir.trim_metrics(start_step)
+        _set_aside_finished(rundir.path, start_step)
+
+
+def _set_aside_finished(path: Path, start_step: int) -> None:
+    """A resume of a finished run (extended, or branched back to an earlier checkpoint) sets its summary.json
+    aside, else a crash of the new attempt would still read as the finished run; on a branch its final/ too,
+    which is the model of the timeline left behind. Renamed by the step they were of: kept, never deleted."""
+    summary = path / "summary.json"
+    if not summary.is_file():
+        return
+    try:
+        steps = json.loads(summary.read_bytes()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        steps = None
+    tag = f"step-{steps:08d}" if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else "earlier"
+    moved = [(summary, path / f"summary.{tag}.json")]
+    if isinstance(steps, int) and steps > start_step and (path / "final").is_dir():
+        moved.append((path / "final", path / f"final.{tag}"))
+    for src, dest in moved:
+        if not dest.exists():
+            os.replace(src, dest)
+    say(f"run: resuming a finished run from step {start_step}; its " + " and ".join(p.name for p, _ in moved) +
+        f" moved to {', '.join(d.name for _, d in moved)}")
 
 
 @contextlib.contextmanager

@@ -124,6 +124,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext(), \
                     run.blame_batch(micro, done):
                 loss, grad_norm = first_train_step(tr, micro, t.grad_clip)
+            stop.at_once = False
             if tr.compiled:  # the compile artifacts for the next run; writing them is not training time
                 monitor.exclude(save_compile_cache(run.compile_cache, run.env.is_main))
         else:
@@ -219,10 +220,12 @@ def _agreed_stop(stop: StopRequest, run: Run, check: bool) -> bool:
 
 class StopRequest:
     """SIGTERM/SIGINT set a flag; the loop finishes the step, saves a checkpoint and exits. A second SIGINT (Ctrl-C
-    again) raises KeyboardInterrupt at once; a repeated SIGTERM waits, as a scheduler may send it more than once."""
+    again) raises KeyboardInterrupt at once; a repeated SIGTERM waits, as a scheduler may send it more than once.
+    Until the first step is done (`at_once`) a signal stops at once: that step compiles, for minutes on a CPU, and
+    nothing this process trained would be saved by waiting for it."""
 
     def __init__(self, saves: bool = True):
-        self.signum, self.saves = 0, saves
+        self.signum, self.saves, self.at_once = 0, saves, True
         self._old = {}
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             # a handler installed outside Python (an embedding host) reads as None and cannot be put back: kept
@@ -230,22 +233,33 @@ class StopRequest:
                          if signal.getsignal(sig) is not None}
 
     def _handle(self, signum, frame) -> None:
+        if self.at_once:  # BaseExceptions: a compile's fallback to eager (except Exception) must not swallow them
+            self.restore()
+            _say_now(f"{signal.Signals(signum).name} before the first step finished: stopping now (nothing of this "
+                     "run's training to save yet)")
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
         if signum == signal.SIGINT and self.signum:  # Ctrl-C again: the user will not wait (a step hung on a read)
             self.restore()
             raise KeyboardInterrupt
-        if not self.signum and is_rank0():  # a long step or evaluation is silent until it ends: say what comes
-            try:  # os.write: a print here could re-enter the print the loop is in
-                then = "saving and exiting" if self.saves else "exiting (checkpoint.every=0: nothing is saved)"
-                os.write(1, f"[turbotrain] {signal.Signals(signum).name}: finishing this step, then {then} (Ctrl-C "
-                            "again: stop at once, without saving this step)\n".encode())
-            except OSError:
-                pass
+        if not self.signum:  # a long step or evaluation is silent until it ends: say what comes
+            then = "saving and exiting" if self.saves else "exiting (checkpoint.every=0: nothing is saved)"
+            _say_now(f"{signal.Signals(signum).name}: finishing this step, then {then} (Ctrl-C again: stop at once, "
+                     "without saving this step)")
         self.signum = signum
 
     def restore(self) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old = {}
+
+
+def _say_now(msg: str) -> None:
+    """From a signal handler (rank 0): os.write, as a print here could re-enter the print the loop is in."""
+    if is_rank0():
+        try:
+            os.write(1, f"[turbotrain] {msg}\n".encode())
+        except OSError:
+            pass
 
 
 class Stopped(Exception):

@@ -386,6 +386,7 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
     if converge and cfg.data.name == "synthetic":
         raise UserError("--converge compares the loss reached on real data; synthetic data has nothing to learn")
     check_derived_names(cfg.run.name, [f"{cfg.run.name}-tuned"], "tune (tuned.toml's run.name)")
+    _say_untimed(cfg, config)
     tuning = Tuning(config, overrides, cfg, budget, repeats, nproc)
     out = tuning.tune_dir  # the report's files and temporary png (tune_report.write_outputs), the trials' folder
     refuse_links([out / f for f in ("tuned.toml", "tune.json", "tune.md", "tune.png", ".tune.png.tmp")],
@@ -400,6 +401,19 @@ def run_tune(config: str | None, overrides: list[str], budget_min: float = 10.0,
         except BaseException as e:
             tuning.stop(f"stopped by an error: {' '.join(str(e).split()) or type(e).__name__}")
             raise
+
+
+def _say_untimed(cfg, config: str | None) -> None:
+    """Trials time the training step only (TRIAL_FIXED): evaluation and checkpoint saves the input config does
+    are not in the speed-up, which overstates a run that spends much of its time there."""
+    t, every, outside = cfg.train, cfg.checkpoint.every, []
+    if t.eval_every and cfg.data.eval_batches:
+        outside.append(f"evaluation every {t.eval_every} steps")
+    if every:
+        outside.append(f"a checkpoint every {every} steps")
+    if outside:
+        say(f"tune: trials time the training step alone; the {' and '.join(outside)} this config does are not in "
+            f"the speed-up (`turbotrain profile {config or DEFAULT_PRESET}` measures their share)")
 
 
 class Tuning:

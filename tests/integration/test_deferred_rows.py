@@ -136,3 +136,23 @@ def test_rows_are_built_at_their_step_when_a_callback_reads_them(tmp_path, defer
     train(tiny_gpt(tmp_path, "train.steps=4", "run.name=reads", "data.eval_batches=0"), loss_fn=loss,
           callbacks=[_Reads(loss)])
     assert [r["losses_computed"] for r in _rows(tmp_path, "reads")] == [1, 2, 3, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_a_gpu_rows_are_deferred_and_equal_the_synchronous_ones(tmp_path, monkeypatch, compiled):
+    """The real path: pinned copy and event on the GPU, CUDA graphs (reduce-overhead) replaying over the loss."""
+    over = ["run.device=cuda", "precision.dtype=bf16", "train.steps=8", "train.log_every=1", "train.eval_every=5",
+            "checkpoint.every=3", f"compile.enabled={str(compiled).lower()}", "compile.mode=reduce-overhead"]
+    monkeypatch.setattr(RunMonitor, "can_defer", property(lambda self: False))
+    train(tiny_gpt(tmp_path, *over, "run.name=sync"))
+    monkeypatch.undo()
+    seen = []
+    real = RunMonitor.snapshot
+    monkeypatch.setattr(RunMonitor, "snapshot", lambda self, *a, **k: (seen.append(a[0]), real(self, *a, **k)))
+    train(tiny_gpt(tmp_path, *over, "run.name=deferred"))
+    assert seen == [1, 2, 4, 7]  # not at eval (5), checkpoint (3, 6) or the last step (8)
+    a, b = _rows(tmp_path, "sync"), _rows(tmp_path, "deferred")
+    assert [(r["step"], r["lr"]) for r in b] == [(r["step"], r["lr"]) for r in a]
+    for key in ("loss", "grad_norm"):  # GPU kernels (attention's backward) may sum in another order run to run
+        assert [r[key] for r in b] == pytest.approx([r[key] for r in a], rel=1e-2)
