@@ -10,11 +10,13 @@ GPU utilisation and temperature, data wait — over steps, with the alerts of al
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from turbotrain.errors import UserError
+from turbotrain.rundir import regular_fd
 
 PANELS = ("loss", "throughput", "mfu", "memory", "gpu", "data wait")
 
@@ -97,8 +99,9 @@ def _jsonl(path: Path, step_key: bool = False, live: bool = False) -> tuple[list
 def _json(run_dir: Path, name: str, damaged: list[str]) -> dict | None:
     """The JSON object file `run_dir/name`, None when absent; one that holds no object (cut short, damaged) is
     read as absent and its name added to `damaged`."""
-    try:
-        obj = json.loads((run_dir / name).read_bytes().decode("utf-8", errors="replace"))
+    try:  # a FIFO planted there would block a plain read forever: not a regular file reads as damaged
+        with os.fdopen(regular_fd(run_dir / name, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            obj = json.loads(f.read().decode("utf-8", errors="replace"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):  # ValueError: not JSON, or an integer past Python's digit limit

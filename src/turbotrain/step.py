@@ -23,6 +23,7 @@ from turbotrain.distributed.env import DistEnv, all_mean
 from turbotrain.distributed.pipeline_parallel import PipelineRunner
 from turbotrain.errors import UserError
 from turbotrain.log import say
+from turbotrain.losses import cross_entropy, mse
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
 from turbotrain.pipeline import Trainee
@@ -237,7 +238,7 @@ def _eval_sums(tr: Trainee, ds: Dataset, batches: list, net, loss_fn, metrics: d
                 loss = out if loss_fn is None else loss_fn(out, y)
                 check_eval_value(loss, "the loss", loss=True)
             sums[0] += loss.float()
-        if loss_fn is not None and out.dim() == y.dim() + 1 and not y.is_floating_point():
+        if _classifies(loss_fn, out, y):
             counted = y != -100  # the positions F.cross_entropy ignores (padding) are no prediction to count
             sums[1] += ((out.argmax(-1) == y) & counted).sum()
             sums[2] += counted.sum()
@@ -246,3 +247,16 @@ def _eval_sums(tr: Trainee, ds: Dataset, batches: list, net, loss_fn, metrics: d
                 sums[3 + i] += metric_value(call_user(fn, f"train.eval_metrics: {factory_label(fn)}", out.float(), y),
                                             f"train.eval_metrics: {factory_label(fn)}", tr.device)
     return sums
+
+
+def _classifies(loss_fn, out: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether val_acc (argmax of the outputs == the targets) is a figure of this model: integer targets and an
+    output with one axis more, of classes. The rule: never under mse or a model's own loss (a (B, 1) regression
+    output against integer targets would score the share of targets equal to 0); the built-in cross_entropy
+    always; any other loss (the user's, torch's CrossEntropyLoss) when that axis holds 2+ columns, as a single
+    column is a value, whose argmax is always 0."""
+    if loss_fn is None or loss_fn is mse or out.dim() != y.dim() + 1:
+        return False
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        return False
+    return loss_fn is cross_entropy or out.shape[-1] >= 2

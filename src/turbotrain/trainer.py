@@ -64,7 +64,7 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     monitor = RunMonitor(run.rundir.path, run.env, run.trainee.device, run.cost, steps=run.cfg.train.steps,
                          start_step=run.start_step, max_bad_steps=run.cfg.train.max_bad_steps,
                          straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor,
-                         loss_scaling=run.trainee.scaler.is_enabled())
+                         scaler=run.trainee.scaler)
     try:
         hooks.call("on_train_start", run.start_step)
         done = _loop(run, monitor, hooks, metrics, stop)
@@ -197,8 +197,11 @@ def _saved_first(run: Run, hooks: Hooks, done: int, error: EvalFailed, loss, gra
 
 def _finite(run: Run, loss, grad_norm) -> bool:
     """A checkpoint of NaN weights would poison every resume: skip the save on a non-finite step
-    (decided together, so every rank saves or none does)."""
-    bad = not math.isfinite(loss.item()) or (grad_norm is not None and not math.isfinite(grad_norm.item()))
+    (decided together, so every rank saves or none does). Under fp16's loss scaling an inf gradient norm is a step
+    the scaler skipped, not a fault: its weights are the last good ones (nonfinite_weights checks them anyway)."""
+    scaled = run.trainee.scaler.is_enabled()
+    bad = not math.isfinite(loss.item()) or \
+        (grad_norm is not None and not scaled and not math.isfinite(grad_norm.item()))
     ok = all_mean([float(bad)], run.trainee.device)[0] == 0 and run.nonfinite_weights() is None
     if not ok:
         say("warning: non-finite loss, gradients or weights at a checkpoint step; checkpoint skipped")

@@ -132,3 +132,45 @@ def test_tune_says_the_evaluation_and_saves_its_trials_leave_out(tmp_path, capsy
     assert "evaluation every 5 steps and a checkpoint every 10 steps" in out and "turbotrain profile my.toml" in out
     _say_untimed(tiny_gpt(tmp_path, "train.eval_every=0", "checkpoint.every=0"), "my.toml")
     assert capsys.readouterr().out == ""
+
+
+def test_an_fp16_step_the_scaler_skipped_is_still_checkpointed(tmp_path, capsys):
+    """A skipped step's gradient norm is inf by design: its checkpoint was dropped as "non-finite", so a stop there
+    saved nothing and a resume went back further."""
+    from tests.faults.common import BASE_TOML, lit
+    from turbotrain.cli import main
+
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "precision.dtype=fp16", "train.steps=3",
+                 "checkpoint.every=1"]) == 0  # the fault preset's first 4 steps overflow the default scale
+    out = capsys.readouterr().out
+    assert "checkpoint skipped" not in out and "skipped" in out  # fp16's own note on its skipped steps
+    assert sorted(p.name for p in (tmp_path / "fault" / "checkpoints").iterdir())[-1] == "step-00000003"
+
+
+def test_report_and_watch_do_not_hang_on_a_fifo_planted_as_summary_json(tmp_path):
+    from turbotrain.report import load_run
+
+    train(tiny_gpt(tmp_path, "train.steps=2", "run.name=r", "data.eval_batches=0"))
+    (tmp_path / "r" / "summary.json").unlink()
+    os.mkfifo(tmp_path / "r" / "summary.json")
+    run = load_run(tmp_path / "r")  # blocked forever in open() before
+    assert run.summary is None and "summary.json" in run.damaged
+
+
+def test_a_null_in_the_row_sets_the_prometheus_gauge_to_nan_not_its_old_value():
+    import math
+    import socket
+
+    pytest.importorskip("prometheus_client")
+    from turbotrain.monitor.sinks import Prometheus
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prom = Prometheus(port, "127.0.0.1", rank=0)
+    try:
+        prom.update({"step": 1, "grad_norm": 2.5})
+        prom.update({"step": 2, "grad_norm": None})
+        assert math.isnan(prom.gauges["grad_norm"].labels(rank=0)._value.get())
+    finally:
+        prom.close()

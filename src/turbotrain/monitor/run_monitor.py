@@ -6,6 +6,7 @@ a finally."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 
 from turbotrain.distributed.env import DistEnv, all_mean
+from turbotrain.errors import UserError
+from turbotrain.log import say
 from turbotrain.monitor import sinks
 from turbotrain.monitor.alerts import Alerts, NonFiniteLoss
 from turbotrain.monitor.logger import MetricsLogger
@@ -25,6 +28,7 @@ from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
 from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog
+from turbotrain.rundir import regular_fd
 from turbotrain.workload import peak_mem_gib, sync
 
 __all__ = ["MonitorConfig", "RunMonitor", "StepCost"]  # MonitorConfig lives beside its rules (rules.py)
@@ -52,10 +56,15 @@ ROW_NAMES = frozenset({
 class RunMonitor:
     def __init__(self, run_dir: Path, env: DistEnv, device: torch.device, cost: StepCost, *, steps: int,
                  start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None,
-                 loss_scaling: bool = False):
+                 scaler: torch.amp.GradScaler | None = None):
         self.env, self.device, self.cost, self.steps = env, device, cost, steps
-        self.scaled = loss_scaling  # fp16's GradScaler: inf gradients are skipped steps, not a fault
+        self.skips = SkipCounter(scaler, device) if scaler is not None and scaler.is_enabled() else None
+        self.scaled = self.skips is not None  # fp16: inf gradients are skipped steps, not a fault
         self.cfg = cfg = cfg or MonitorConfig()
+        if start_step:  # the rules go on from the checkpoint's step as if the run had not stopped (read first: a
+            # file that cannot be read ends the run before anything is opened)
+            rows = [r for r in _records(run_dir / "metrics.jsonl") if _step(r) is not None and _step(r) <= start_step]
+            sent = _records(run_dir / "alerts.jsonl")
         self.logger = MetricsLogger(run_dir, steps, enabled=env.is_main, trackers=cfg.trackers, start_step=start_step)
         self.gpu = GpuStats(device)
         self.mem_total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
@@ -64,9 +73,8 @@ class RunMonitor:
         except BaseException:
             self.logger.close()
             raise
-        if start_step:  # the rules go on from the checkpoint's step as if the run had not stopped
-            rows = [r for r in _records(run_dir / "metrics.jsonl") if _step(r) is not None and _step(r) <= start_step]
-            self.alerts.resume(rows, _records(run_dir / "alerts.jsonl"), grads=not loss_scaling)
+        if start_step:
+            self.alerts.resume(rows, sent, grads=not self.scaled)
         self.fwd_timer = ForwardTimer(device, enabled=env.world_size > 1)
         self.stragglers = StragglerWatch(straggler_ratio, device, env.rank)
         self.n_warm = min(3, max(1, (steps - start_step) // 10))  # compile / CUDA-graph capture / allocator warm-up
@@ -81,6 +89,8 @@ class RunMonitor:
     def after_step(self, done: int, loss: torch.Tensor) -> None:
         """Every step, on the device only (no sync), except once: the end of warm-up."""
         self.bad_streak = torch.where(torch.isfinite(loss), 0, self.bad_streak + 1)
+        if self.skips is not None:
+            self.skips.after_step()
         self.logger.tick(done)  # host-side progress bar only
         if self.watchdog is not None:
             self.watchdog.beat(done)  # a host clock reading
@@ -137,7 +147,9 @@ class RunMonitor:
         dt, n, wait = window
         rate = n * self.cost.global_batch / dt
         self.meter.record(rate)
-        row = {"step": done, "loss": loss_v, "lr": lr, "grad_norm": grad_v,
+        # a NaN/inf norm (fp16's skipped step, or NaN gradients: alerted below) is no figure: null, which JSON holds
+        norm = grad_v if grad_v is not None and math.isfinite(grad_v) else None
+        row = {"step": done, "loss": loss_v, "lr": lr, "grad_norm": norm,
                **self._rates(rate, dt / n, wait / dt), "peak_mem_gib": round(peak, 4)}
         if self.env.world_size > 1:
             row.update(self._sync_probe())
@@ -152,7 +164,7 @@ class RunMonitor:
             self.write(row, wait_s, overlapped)
             raise
         if math.isfinite(loss_v) and not self.scaled:
-            self.alerts.check_grad(row["grad_norm"], done, loss_v)
+            self.alerts.check_grad(grad_v, done, loss_v)
         self.alerts.check_row(row, done, warm)
         return row
 
@@ -222,6 +234,8 @@ class RunMonitor:
         """Final figures: throughput over the timed region (warm-up, logging and evaluation left out)."""
         m, c, last = self.meter, self.cost, self.last
         rate = m.timed_rate(done, c.global_batch)
+        skipped = (self.skips.report(done - self.start_step, self.start_step) if self.skips is not None
+                   else None if self.scaled else 0)  # None: loss scaling without its scaler to count from
         timed = self._rates(rate, c.global_batch / rate, 0.0) if rate else {}
         steady_step_s = c.global_batch / rate if rate else 0.0
         return {
@@ -237,6 +251,7 @@ class RunMonitor:
             "warmup_s": m.warm_s, "warmup_steps_excluded": m.n_warm, "wall_s": wall_s,
             "flops_per_sample": c.flops_per_sample, "flops_source": c.flops_source, "peak_flops": c.peak_flops,
             "alerts": dict(self.alerts.counts), "alerts_undelivered": w.failed if (w := self.alerts.webhook) else 0,
+            "skipped_steps": skipped,  # optimizer steps fp16's loss scaling skipped (this process's)
             **info,
         }
 
@@ -258,6 +273,41 @@ class RunMonitor:
         if self.pending is not None:
             with contextlib.suppress(RuntimeError):  # a failed device (a CUDA error is sticky) gives nothing back
                 self.logger.log(self.deferred(checks=False))
+
+
+class SkipCounter:
+    """The optimizer steps fp16's GradScaler skipped (their gradients overflowed at the scale in force), counted
+    on the device: its `update()` backs the scale off after such a step, and only then, so a scale below the one
+    before the step is a skip. Its `get_scale()` would wait for the device at every step: the tensor is read."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, device: torch.device):
+        self.scaler, self.first = scaler, scaler._init_scale  # the scale of the first step (a resume's: its own)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        self.before: torch.Tensor | None = None  # the scale in force for the next step (None: `first`)
+
+    def after_step(self) -> None:
+        now = self.scaler._scale  # made at the first scale(), updated in place by every update()
+        if now is None:
+            return
+        self.count += now < (self.first if self.before is None else self.before)
+        if self.before is None:
+            self.before = now.clone()
+        else:
+            self.before.copy_(now)
+
+    def report(self, steps: int, start_step: int) -> int:
+        """The count (a sync, once at the end), said in a warning when any step was skipped."""
+        n = int(self.count.item())
+        of = f"{steps} optimizer steps" + (f" since the resume at step {start_step}" if start_step else "")
+        if n and n >= steps:
+            say(f"warning: the run trained nothing: fp16 loss scaling skipped all {of} (the gradients overflowed "
+                f"at every scale tried: it started at {self.first:g} and is now {self.scaler.get_scale():g}), so "
+                f"the weights are the ones it started from; train for more steps (each skip halves the scale) or "
+                f"use precision.dtype=\"bf16\" (no loss scaling)")
+        elif n:
+            say(f"warning: fp16 loss scaling skipped {n} of {of} (gradients overflowed at the scale in force); "
+                f"those steps left the weights unchanged")
+        return n
 
 
 @dataclass
@@ -288,11 +338,17 @@ def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps
 
 def _records(path: Path) -> list[dict]:
     """The JSON objects of a JSON-lines file of the run, leniently: a line cut short or damaged is skipped (the
-    resume goes on with what is readable), a file that is not there is no records."""
+    resume goes on with what is readable), a file that is not there is no records. Anything else there that is
+    no regular file (a FIFO, whose read waits for a writer forever; a link, a folder) is one UserError, as the
+    resume's trim of metrics.jsonl says it (rundir.trim_metrics)."""
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError:
+        with os.fdopen(regular_fd(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        reason = "a symbolic link" if e.errno == errno.ELOOP else e.strerror or type(e).__name__
+        raise UserError(f"cannot read {path} ({reason}); move it aside to resume this run") from None
     out = []
     for line in text.splitlines():
         with contextlib.suppress(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import queue
 import socket
 import sys
@@ -177,6 +178,8 @@ class Prometheus:
             v = row.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 g.labels(rank=self.rank).set(v)
+            elif v is None and k in row:  # logged as null (non-finite): the gauge must not keep its old number
+                g.labels(rank=self.rank).set(math.nan)
 
     def count(self, rule: str) -> None:
         self.alerts.labels(rank=self.rank, rule=rule).inc()

@@ -190,13 +190,7 @@ class CsvTracker:
     def __init__(self, run_dir: Path, start_step: int = 0):
         self.path, self.fields, self.rows, self.failed = run_dir / "metrics.csv", ["step"], [], False
         if start_step and self.path.is_file() and not self.path.is_symlink():
-            with open(self.path, newline="") as f:
-                text = f.read()
-            if not text.endswith("\n"):  # a line cut short (a crash mid-write): not a row
-                text = text[:text.rfind("\n") + 1]
-            self.rows = [r for r in csv.DictReader(io.StringIO(text, newline=""))
-                         if None not in r and None not in r.values()  # a short or long (damaged) line
-                         and r.get("step", "").isdigit() and int(r["step"]) <= start_step]
+            self.rows = _kept_rows(self.path, start_step)
             self.fields = list(dict.fromkeys(k for r in self.rows for k in r)) or ["step"]
         self._rewrite()
 
@@ -240,6 +234,30 @@ class CsvTracker:
     def close(self) -> None:
         if hasattr(self, "f") and not self.f.closed:
             _close_metrics_file(self)
+
+
+def _kept_rows(path: Path, start_step: int) -> list[dict]:
+    """metrics.csv's rows up to a resume's step, leniently (the file is a copy of metrics.jsonl's rows, and the
+    rewrite that follows drops what is left out): damaged bytes read as U+FFFD, and a line cut short, of the wrong
+    width or that the csv module refuses (a field past its size limit) is no row."""
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e}); move it aside to resume this run") from None
+    if not text.endswith("\n"):  # a line cut short (a crash mid-write): not a row
+        text = text[:text.rfind("\n") + 1]
+    reader, rows = csv.DictReader(io.StringIO(text, newline="")), []
+    while True:
+        try:
+            r = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error:  # the reader goes on at the next line
+            continue
+        if (None not in r and None not in r.values()  # a short or long (damaged) line
+                and r.get("step", "").isdigit() and int(r["step"]) <= start_step):
+            rows.append(r)
 
 
 class WandbTracker:
@@ -363,7 +381,7 @@ def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tr
     """One tracker from a `monitor.trackers` entry: a built-in name, "pkg.module:factory", or a Tracker object
     (Python API). None when an optional sink is unavailable (TensorBoard not installed: said once)."""
     if not isinstance(spec, str):  # a Tracker object (Python API): it must be one, or the first row fails deep
-        if not (callable(getattr(spec, "log", None)) and callable(getattr(spec, "close", None))):
+        if not _is_tracker(spec):
             raise UserError(f"monitor.trackers: {repr(spec)[:60]} is not a tracker (an object with log(row) and "
                             f"close()); pass a tracker name, \"pkg.module:factory\" or such an object")
         return spec
@@ -380,5 +398,13 @@ def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tr
     if ":" in spec:
         from turbotrain.plugins import load_object
 
-        return load_object(spec, "monitor.trackers")(run_dir, start_step)
+        tracker = load_object(spec, "monitor.trackers")(run_dir, start_step)
+        if not _is_tracker(tracker):  # a factory that forgot its `return` would log nowhere, silently
+            raise UserError(f"monitor.trackers: {spec}(run_dir, start_step) returned {repr(tracker)[:60]}, not a "
+                            f"tracker (an object with log(row) and close()); return one from the factory")
+        return tracker
     raise UserError(f"monitor.trackers: {tracker_problem(spec)}")
+
+
+def _is_tracker(obj) -> bool:
+    return callable(getattr(obj, "log", None)) and callable(getattr(obj, "close", None))
