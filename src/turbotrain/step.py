@@ -44,7 +44,8 @@ class TrainConfig:
     lr: float = 3e-4
     """Peak learning rate."""
     weight_decay: float = 0.1
-    """Decoupled weight decay on matrices (biases and norm gains are not decayed)."""
+    """Weight decay on matrices (biases and norm gains are not decayed): decoupled under adamw; adam and sgd add it
+    to the gradient (L2), as torch's do."""
     warmup_steps: int = 0
     """Linear LR warm-up steps."""
     schedule: Literal["cosine", "constant"] = "cosine"
