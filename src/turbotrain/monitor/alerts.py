@@ -97,18 +97,24 @@ class Alerts:
         scaling (its gradient norms are not judged). The row rules start afresh: throughput, memory and data
         wait are readings of the process, and it is a new one. Of a long run only the first rows (the baselines)
         and the last REPLAY_ROWS (every window the rules keep) are replayed: a resume must not take minutes."""
-        for row in rows[:REPLAY_ROWS] + rows[max(REPLAY_ROWS, len(rows) - REPLAY_ROWS):]:
+        head, tail = rows[:REPLAY_ROWS], rows[max(REPLAY_ROWS, len(rows) - REPLAY_ROWS):]
+        self._replay(head, grads)
+        self.loss_rules.skipped(len(rows) - len(head) - len(tail))  # the plateau rule's pace counts them
+        self._replay(tail, grads)
+        now = self.clock()
+        for a in sent:
+            t, rule = _finite_or_none(a.get("time")), a.get("rule")
+            if a.get("rank") == self.rank and isinstance(rule, str) and t is not None and t <= now:
+                self.last_sent[rule] = max(t, self.last_sent.get(rule, t))
+
+    def _replay(self, rows: list[dict], grads: bool) -> None:
+        for row in rows:
             loss, norm = _finite_or_none(row.get("loss")), _finite_or_none(row.get("grad_norm"))
             if loss is None:
                 continue
             spiked = any(f.rule == "loss_spike" for f in self.loss_rules.check(loss))
             if grads and norm is not None:
                 self.grad_rules.check(norm, loss, spiked)
-        now = self.clock()
-        for a in sent:
-            t, rule = _finite_or_none(a.get("time")), a.get("rule")
-            if a.get("rank") == self.rank and isinstance(rule, str) and t is not None and t <= now:
-                self.last_sent[rule] = max(t, self.last_sent.get(rule, t))
 
     def emit(self, fired: Fired, step: int, console: bool = True, repeat: bool = False,
              rank: int | None = None) -> dict | None:

@@ -14,6 +14,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from turbotrain.errors import UserError
 
@@ -34,6 +35,8 @@ GRAD_SIGMAS = 6.0  # grad_exploding: ... and this many of the recent norms' own 
 GRAD_VANISHING_RATIO = 1e-3  # grad_vanishing: a gradient norm below this fraction of the run's first ones ...
 GRAD_VANISHING_FLOOR = 1e-8  # grad_vanishing: a norm at most this is gone, whatever the first ones were
 GRAD_VANISHING_STEPS = 3  # ... for this many log steps in a row, while the loss stays above 80% of its level then
+PLATEAU_PACE = 4.0  # loss_plateau: a stall this many times the longest the run took to improve before, ...
+PLATEAU_AGE = 0.2  # ... and this fraction of the run's age (in log steps)
 MEM_GROWTH_WINDOW = 10  # log steps: a leak raises the peak at nearly every one, a healthy run's peak settles
 
 
@@ -69,20 +72,23 @@ class MonitorConfig:
     """loss_diverging: the fitted trend rises by more than this fraction over the window, mostly step by step and
     in step order (rank correlation >= 0.85)."""
     loss_plateau_window: int = 50
-    """loss_plateau: log steps without improvement that make a plateau (0 = off)."""
+    """loss_plateau: log steps without improvement that make a plateau, at least: a loss slowing down as it goes
+    must also stall 4x the longest the run took to improve before and 20% of its age (0 = off). One alert a
+    plateau."""
     loss_plateau_delta: float = 0.01
-    """loss_plateau: the relative improvement of the best loss that counts as progress."""
+    """loss_plateau: the relative improvement of the loss's running average that counts as progress."""
     throughput_drop_ratio: float = 0.7
     """throughput_drop: the samples/s of 2+ log windows in a row, spanning >= 10 steps, below this fraction of the
     median of the earlier windows (0 = off)."""
     data_wait_pct: float = 50.0
-    """data_wait: the share of step time spent waiting for data above this % ... (100 = off)."""
+    """data_wait: the share of the time spent waiting for data above this % ... (100 = off)."""
     data_wait_steps: int = 3
-    """... for this many log steps in a row."""
+    """... over this many log windows together, weighted by their time (and with any one of them left out: one
+    long stall is no starved loader)."""
     gpu_util_low_pct: float = 10.0
     """gpu_util_low: NVML GPU utilisation below this % ... (0 = off)."""
     gpu_util_low_steps: int = 5
-    """... for this many log steps in a row."""
+    """... over this many log windows together, weighted by their time (and with any one of them left out)."""
     gpu_temp_high_c: float = 85.0
     """gpu_temp_high: GPU temperature above this many °C (0 = off)."""
     gpu_mem_high_pct: float = 95.0
@@ -180,6 +186,12 @@ class LossRules:
         self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1) * DIVERGING_SCALES[-1])
         # the loss at the last progress and the log-step count then; the best (lowest) loss since
         self.ref, self.best_at, self.best = math.inf, 0, math.inf
+        self.gap = 0  # the longest stretch of log steps between two improvements so far: the run's own pace
+        self.slow: float | None = None  # the plateau rule's average of the loss ...
+        self.span = 10.0  # ... over about this many log steps
+        # after a plateau alert, the average must fall below this to end that plateau: an improvement of
+        # 3 x delta, not a dip of the noise (one plateau, one alert)
+        self.rearm: float | None = None
         self.first: float | None = None  # the run's first loss: the untrained model's, the highest a run should see
         self.blown = Streak(2)  # log steps in a row far above `first`
         self.nonpositive_at = -SPIKE_POSITIVE_STEPS  # the log-step count at the last loss <= 0
@@ -204,9 +216,7 @@ class LossRules:
             b = max(0.05, 1 / self.n)  # slower than the EMA: the threshold must not follow a few quiet steps
             self.noise = d if self.noise is None else (1 - b) * self.noise + b * d
         self.prev = loss
-        # judged on the running average: the best of single noisy losses is a lucky batch, one that a loss
-        # still falling slowly does not beat again within the window
-        plateau = self._plateau(self.ema)
+        plateau = self._plateau(x)  # a spike enters at its threshold here too
         return out + [plateau] if plateau else out
 
     def _sigma(self) -> float:
@@ -274,21 +284,45 @@ class LossRules:
                              f"(trend +{rise:.0%}); lower train.lr or raise train.warmup_steps")
         return None
 
+    def skipped(self, k: int) -> None:
+        """`k` log steps of a resumed run that its replay left out: they count in the run's age, not as a stall
+        (their improvements went unseen)."""
+        self.n, self.best_at = self.n + max(k, 0), self.best_at + max(k, 0)
+
     def _plateau(self, loss: float) -> Fired | None:
-        w = self.cfg.loss_plateau_window
-        # progress is measured from the loss of the last progress (`ref`), not from the lowest since: a loss
+        # judged on an average: the best of single noisy losses is a lucky batch, one that a loss still falling
+        # slowly does not beat again for long. It spans enough log steps that its noise is half of delta, up to
+        # the run's pace or loss_plateau_window (at least 10; on an alerted plateau all of them: what ends it is
+        # the loss training again, not a dip of the noise)
+        delta = self.cfg.loss_plateau_delta
+        pace = max(self.gap, self.cfg.loss_plateau_window) if self.rearm is None else math.inf
+        self.span = max(10.0, min(pace, 2 * (self._sigma() / max(delta, 1e-6)) ** 2))
+        a = max(1 / self.n, 1 / self.span)
+        self.slow = avg = loss if self.slow is None else (1 - a) * self.slow + a * loss
+        # progress is measured from the average at the last progress (`ref`), not from the lowest since: a loss
         # falling 0.2% a log step would lower that by less than delta every time, and be called a plateau
-        if loss < self.ref - self.cfg.loss_plateau_delta * abs(self.ref) or not math.isfinite(self.ref):
-            self.ref = self.best = loss
+        if avg < self.ref - delta * abs(self.ref) or not math.isfinite(self.ref):
+            if math.isfinite(self.ref):
+                self.gap = max(self.gap, self.n - self.best_at)
+            self.ref = self.best = avg
             self.best_at = self.n
+            self.rearm = None if self.rearm is None or avg < self.rearm else self.rearm
             return None
-        self.best = min(self.best, loss)
-        stalled = self.n - self.best_at
-        if w and stalled >= w:
-            self.best_at = self.n  # the next plateau alert needs another full window
-            return Fired("loss_plateau", stalled, w, f"no improvement of the loss by {self.cfg.loss_plateau_delta:.1%} "
-                         f"in {stalled} log steps (best running average {self.best:.4g})")
-        return None
+        if self.n <= self.span:  # the average is still the plain mean of the first losses: the reference is not
+            self.ref = max(self.ref, avg)  # the first one alone, a lucky batch that the trend would have to beat
+        self.best = min(self.best, avg)
+        stalled, w = self.n - self.best_at, self.cfg.loss_plateau_window
+        # a healthy loss slows down as it goes (a power law improves by delta in a stretch that grows with the
+        # run's age, ~10% of it at t^-0.1): a stall counts once it is PLATEAU_PACE x the longest stretch the run
+        # took to improve before and PLATEAU_AGE of the run's age, so a loss that stops at once (stuck, dead)
+        # early on is still seen after W log steps
+        window = max(w, PLATEAU_PACE * self.gap, PLATEAU_AGE * self.n)
+        if not w or self.rearm is not None or stalled < window:
+            return None
+        self.rearm = self.ref - 3 * delta * abs(self.ref)
+        slowest = f"; it improved within {self.gap} log steps at its slowest before" if self.gap else ""
+        return Fired("loss_plateau", stalled, window, f"no improvement of the loss by {delta:.1%} in {stalled} log "
+                     f"steps (best running average {self.best:.4g}{slowest})")
 
 
 def _fit_ends(ys: list[float]) -> tuple[float, float]:
@@ -400,12 +434,31 @@ class Streak:
         return self.count >= self.n
 
 
+class Windows:
+    """A reading of the last `n` log windows, judged together: their mean weighted by each window's share of
+    the time is on the rule's side of its threshold, and stays there whichever one window is left out. A loader
+    that stalls every other window waits most of the time yet never `n` windows in a row; one long window alone
+    (an epoch boundary, a slow read, a checkpoint save) outweighs a few short ones and is no trend."""
+
+    def __init__(self, n: int):
+        self.items: deque[tuple[float, float]] = deque(maxlen=n)
+
+    def update(self, value: float, weight: float, beyond: Callable[[float], bool]) -> float | None:
+        """The weighted mean when the rule trips (true while it goes on, as a Streak), else None."""
+        self.items.append((value, weight))
+        if len(self.items) < (self.items.maxlen or 1):
+            return None
+        vw, w = sum(v * w for v, w in self.items), sum(w for _, w in self.items)
+        without = [(vw - v * x) / (w - x) for v, x in self.items] if len(self.items) > 1 else []
+        return vw / w if beyond(vw / w) and all(beyond(m) for m in without) else None
+
+
 class RowRules:
     """throughput_drop, data_wait, GPU utilisation / temperature / memory and sync latency, on a metrics row."""
 
     def __init__(self, cfg: MonitorConfig):
         self.cfg, self.rates = cfg, []
-        self.wait, self.util = Streak(cfg.data_wait_steps), Streak(cfg.gpu_util_low_steps)
+        self.wait, self.util = Windows(cfg.data_wait_steps), Windows(cfg.gpu_util_low_steps)
         # a drop is two log windows in a row: one slow window is a one-off cost (the first step after an
         # evaluation or a checkpoint save, a GC pause) that dominates a window of a few short steps
         self.slow = Streak(2)
@@ -416,11 +469,14 @@ class RowRules:
     def check(self, row: dict, warm: bool = True) -> list[Fired]:
         """`warm`: False for windows that hold warm-up (compile, worker start): their rates and waits are not
         judged, only remembered as part of the throughput history."""
-        step = row.get("step")
+        step, ms = row.get("step"), row.get("step_ms")
         span = step - self.last_step if None not in (step, self.last_step) else None
         self.last_step = step
-        checks = (self._rate(row.get("samples_per_s"), warm, span), self._wait(row.get("data_wait_pct"), warm),
-                  self._gpu(row), self._sync(row.get("sync_ms")), self._mem_growth(row.get("peak_mem_gib"), warm))
+        # a window's share of the time: its step time x its steps (1 each where the row does not say)
+        weight = (ms if isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0 else 1.0) * max(span or 1, 1)
+        checks = (self._rate(row.get("samples_per_s"), warm, span), self._wait(row.get("data_wait_pct"), warm, weight),
+                  self._gpu(row, weight), self._sync(row.get("sync_ms")),
+                  self._mem_growth(row.get("peak_mem_gib"), warm))
         return [f for group in checks for f in group]
 
     def _rate(self, rate: float | None, warm: bool, span: int | None) -> list[Fired]:
@@ -443,21 +499,23 @@ class RowRules:
             self.rates.append(rate)
         return out
 
-    def _wait(self, pct: float | None, warm: bool) -> list[Fired]:
+    def _wait(self, pct: float | None, warm: bool, weight: float) -> list[Fired]:
         x = self.cfg.data_wait_pct
-        if pct is None or not warm or x >= 100:
+        if pct is None or not warm or x >= 100 or not math.isfinite(pct):
             return []
-        if self.wait.update(pct > x):
-            return [Fired("data_wait", pct, x, f"{pct:.0f}% of step time waits for data ({self.cfg.data_wait_steps} "
-                          f"log steps in a row); raise data.num_workers / data.prefetch_factor")]
-        return []
+        if (share := self.wait.update(pct, weight, lambda p: p > x)) is None:
+            return []
+        return [Fired("data_wait", share, x, f"{share:.0f}% of the step time of the last {self.cfg.data_wait_steps} "
+                      f"log windows waits for data; raise data.num_workers / data.prefetch_factor")]
 
-    def _gpu(self, row: dict) -> list[Fired]:
+    def _gpu(self, row: dict, weight: float) -> list[Fired]:
         c, out = self.cfg, []
         util, temp, mem = row.get("gpu_util_pct"), row.get("gpu_temp_c"), row.get("gpu_mem_pct")
-        if util is not None and c.gpu_util_low_pct and self.util.update(util < c.gpu_util_low_pct):
-            out.append(Fired("gpu_util_low", util, c.gpu_util_low_pct, f"GPU utilisation {util:.0f}% below "
-                             f"{c.gpu_util_low_pct:.0f}% for {c.gpu_util_low_steps} log steps: the GPU is starved"))
+        low = c.gpu_util_low_pct
+        if (util is not None and low and math.isfinite(util)
+                and (mean := self.util.update(util, weight, lambda u: u < low)) is not None):
+            out.append(Fired("gpu_util_low", mean, low, f"GPU utilisation {mean:.0f}% over the last "
+                             f"{c.gpu_util_low_steps} log windows, below {low:.0f}%: the GPU is starved"))
         if temp is not None and c.gpu_temp_high_c and temp > c.gpu_temp_high_c:
             out.append(Fired("gpu_temp_high", temp, c.gpu_temp_high_c, f"GPU temperature {temp:.0f} °C above "
                              f"{c.gpu_temp_high_c:.0f} °C: check cooling, expect throttling"))
