@@ -212,3 +212,22 @@ def stop_tree(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=30)
+
+
+def step_events(fn):
+    """The profiler's events of one forward + backward of `fn` (it returns the loss), recorded in phases as
+    `turbotrain profile` records a step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from turbotrain.monitor import phases
+
+    phases.enable(True)
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as p:
+            with phases.phase("forward"):
+                loss = fn()
+            with phases.phase("backward"):
+                loss.backward()
+    finally:
+        phases.enable(False)
+    return p.events()

@@ -11,13 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from tests.faults.common import BASE_TOML, error_line, lit
+from tests.faults.common import BASE_TOML, error_line, lit, step_events
 from turbotrain import profile as prof
 from turbotrain.cli import main
 from turbotrain.config import load_config
-from turbotrain.monitor import phases
 from turbotrain.tune import TrialRunner
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
@@ -53,16 +51,7 @@ def test_a_model_of_many_tiny_ops_is_per_op_overhead_with_its_levers(tmp_path):
 
 def _share_of(fn) -> float:
     """tiny_op_share of one forward+backward of `fn`, recorded as profile records a step."""
-    phases.enable(True)
-    try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as p:
-            with phases.phase("forward"):
-                loss = fn()
-            with phases.phase("backward"):
-                loss.backward()
-    finally:
-        phases.enable(False)
-    return prof.tiny_op_share(p.events())
+    return prof.tiny_op_share(step_events(fn))
 
 
 def test_tiny_op_share_tells_tiny_ops_from_real_work():

@@ -8,13 +8,11 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
-from tests.faults.common import BASE_TOML, lit
+from tests.faults.common import BASE_TOML, lit, step_events
 from turbotrain import profile as prof
 from turbotrain.cli import main
 from turbotrain.config import load_config
-from turbotrain.monitor import phases
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
@@ -90,16 +88,7 @@ def test_a_callback_that_sleeps_every_step_is_named_and_writes_nothing_in_the_ru
 # ---------------------------------------------------------------- float64
 
 def _f64_of(fn) -> float:
-    phases.enable(True)
-    try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
-            with phases.phase("forward"):
-                loss = fn()
-            with phases.phase("backward"):
-                loss.backward()
-    finally:
-        phases.enable(False)
-    return prof.f64_share(p.events())
+    return prof.f64_share(step_events(fn))
 
 
 def test_float64_share_tells_a_double_loss_from_a_float_one():
