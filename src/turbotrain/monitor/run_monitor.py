@@ -267,7 +267,6 @@ class RunMonitor:
             if self.watchdog is not None:
                 parts.callback(self.watchdog.stop)
 
-
     def _write_pending(self) -> None:
         """A run failing in the step after a log step still writes that step's row, when the device can give it."""
         if self.pending is not None:
