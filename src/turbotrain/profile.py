@@ -201,13 +201,19 @@ def _f64_tip(share: float) -> dict:
                 "(or sum in float32 with torch.float32 accumulation)", share)
 
 
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
 def host_reads(events, n_steps: int) -> float:
     """Reads of a tensor's value by the host per step inside forward and backward (`.item()`, `float(t)`,
-    `if t:` all end in `_local_scalar_dense`): on a GPU each waits for every kernel queued before it."""
-    reads = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CPU
-                and e.name in ("aten::_local_scalar_dense", "aten::item") and not _read_inside_read(e)
-                and _phase_of(e) in ("forward", "backward"))
-    return reads / max(1, n_steps)
+    `if t:` all end in `_local_scalar_dense`): on a GPU each waits for every kernel queued before it. On a GPU
+    the waits themselves are counted too (`.cpu()`, `.tolist()`, `.numpy()`, `print(t)` copy to pageable memory
+    and wait, without a scalar read), and the larger count is taken: each scalar read is one such wait."""
+    inside = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+              and _phase_of(e) in ("forward", "backward")]
+    reads = sum(1 for e in inside if e.name in ("aten::_local_scalar_dense", "aten::item") and not _read_inside_read(e))
+    waits = sum(1 for e in inside if e.name in SYNCS)
+    return max(reads, waits) / max(1, n_steps)
 
 
 def _read_inside_read(e) -> bool:

@@ -197,3 +197,13 @@ def test_a_winner_that_changes_the_precision_says_so_everywhere_it_is_given(tmp_
     line = next(ln for ln in (out / "tuned.toml").read_text().splitlines() if ln.startswith("dtype"))
     assert "changes the numerics" in line and "--converge" in line
     assert f"warning: {result['numerics']}" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loss, reads", [("cross_entropy", 0), (f"{PKG}:copy_loss", 1), (f"{PKG}:sync_loss", 8)])
+def test_on_a_gpu_copies_to_the_host_are_counted_as_host_reads(tmp_path, loss, reads):
+    """`.cpu()` in the loss waits on a GPU as `.item()` does, with no scalar read to count; a clean step has none
+    (nothing of turbotrain's own waits inside forward or backward)."""
+    report, _, _ = _profile(tmp_path, 'model.name="userpkg.planted_s22:small"', f'train.loss="{loss}"',
+                            'run.device="cuda"')
+    assert report["host_reads_per_step"] == reads
