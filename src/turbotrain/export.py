@@ -12,8 +12,11 @@ Usage:
     turbotrain export runs/my-hf-run --format hf [--out DIR]    # AutoModelFor*.from_pretrained(DIR) loads it
     turbotrain export runs/gpt-shakespeare --format safetensors # model.safetensors + config.toml (+ final.json)
 A run without final/ (stopped before the end) is exported from its latest checkpoint: state.pt, or the
-sharded dcp/ of FSDP2 consolidated into one file. A run still training is refused, and so is an --out inside
-any run directory (but the run's own export/) or over existing files: an export never overwrites a run's files.
+sharded dcp/ of FSDP2 consolidated into one file; so is a finished run resumed past its end (train.steps
+raised) that stopped again, its earlier final/ kept as final.step-N (final.json records each final/'s step), and
+`load` refuses it until then rather than hand out the earlier end's model as the run's. A run still training is
+refused, and so is an --out inside any run directory (but the run's own export/) or over existing files: an export
+never overwrites a run's files.
 """
 from __future__ import annotations
 
@@ -103,9 +106,12 @@ def save_weights(state: dict[str, torch.Tensor], tied: dict[str, str], path: Pat
         raise OSError(" ".join(str(e).split())[:200]) from e
 
 
-def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | None:
+def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool, step: int | None = None,
+                passed: int | None = None) -> Path | None:
     """Write `run_dir/final/` (see the module docstring) at the end of a run; all ranks call (FSDP2 gathers),
-    rank 0 writes, atomically. Usage: `write_final(trainee.model, cfg, run_dir, env.is_main)`."""
+    rank 0 writes, atomically. `step`: the step the model is of (None: cfg.train.steps, where every run that
+    finishes ends); `passed`: the newest checkpoint an export passed over as unreadable, if any (see
+    _newer_checkpoint). Usage: `write_final(trainee.model, cfg, run_dir, env.is_main)`."""
     from turbotrain.config import to_toml
 
     user = _user_module(model)
@@ -118,7 +124,10 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool) -> Path | N
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
         info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
-                "class": model_class_name(user), "torch": torch.__version__}
+                "class": model_class_name(user), "torch": torch.__version__,
+                "step": cfg.train.steps if step is None else step}  # see _newer_checkpoint
+        if passed is not None:
+            info["passed"] = passed
         (tmp / "final.json").write_text(json.dumps(info, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -138,11 +147,50 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
         if (d / WEIGHTS).is_file():
             _check_final(d)
             _check_config(d)
+            if d != root and (newer := _newer_checkpoint(root)) is not None:
+                at = _final_step(d)
+                raise UserError(f"{run_dir}: its {FINAL}/ is the model at step {at}, but the run went on to step "
+                                f"{newer} (resumed past its end) and has not finished; let it finish (or rerun it "
+                                f"to), write step {newer}'s model with `turbotrain export {run_dir} --format "
+                                f"safetensors` (it keeps this {FINAL}/ as {FINAL}.step-{at:08d}), or load step "
+                                f"{at}'s by naming {d}")
             return d
     if not _holds_run_files(root):
         raise UserError(f"{run_dir}: {NOT_A_RUN}")
+    if not _checkpoints(root):
+        raise UserError(f"{run_dir}: {NO_MODEL}")
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
                     f"--format safetensors` writes one from its latest checkpoint")
+
+
+def _final_step(final: Path, key: str = "step") -> int | None:
+    """The step final.json says its model is of (`key` "passed": the newest checkpoint its export passed over as
+    unreadable); None when it does not say (written before it recorded one)."""
+    try:
+        info = json.loads((final / "final.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step = info.get(key) if isinstance(info, dict) else None
+    return step if type(step) is int else None
+
+
+def _newer_checkpoint(root: Path) -> int | None:
+    """The step of the run's latest checkpoint where it is past the step of its final/: a finished run resumed
+    with a higher train.steps that stopped before its new end keeps the earlier end's final/ (prepare sets only
+    summary.json aside), so final/ is then not the run's latest model. None: final/ is, or its step is unknown."""
+    at = _final_step(root / FINAL)
+    if at is None:
+        return None
+    at = max(at, _final_step(root / FINAL, "passed") or 0)
+    steps = [int(p.name.removeprefix("step-")) for p in _checkpoints(root)]
+    return max(steps) if steps and max(steps) > at else None
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    """The run's checkpoint folders (checkpoints/step-N), oldest first, verified or not."""
+    from turbotrain.checkpoint import CheckpointConfig, Checkpointer
+
+    return Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False).list()
 
 
 def _existing_dir(run_dir: str | os.PathLike) -> Path:
@@ -361,14 +409,7 @@ def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None =
     dest, replace = _export_dest(root, fmt, out)
     lock = _hold_lock(root)
     try:
-        if not (root / FINAL / WEIGHTS).is_file() and not (root / WEIGHTS).is_file():
-            model, cfg = _model_from_checkpoint(root)
-            if fmt == "hf":
-                _require_hf(model, cfg)  # before final/ is written: a refused export writes nothing
-            if write_final(model, cfg, root, True) is None:
-                raise UserError(f"{root / FINAL} could not be written (see the warning above); free space in the run "
-                                "directory and export again")
-            say(f"export: {root / FINAL} written")
+        _final_from_checkpoint(root, fmt)
         final = _final_dir(root)
         if fmt == "safetensors":
             # final.json too: its class record lets `load` on the export refuse a config that builds another model
@@ -387,6 +428,33 @@ def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None =
             os.close(lock)  # drops the shared lock
     say(f"export: {fmt} → {dest}")
     return dest
+
+
+def _final_from_checkpoint(root: Path, fmt: str) -> None:
+    """final/ written from the latest checkpoint where the run has none, or where the run went on past it (see
+    _newer_checkpoint: that final/ is kept beside, as final.step-N, not replaced)."""
+    behind = None
+    if (root / FINAL / WEIGHTS).is_file():
+        if _newer_checkpoint(root) is None:
+            return
+        behind = _final_step(root / FINAL)
+    elif (root / WEIGHTS).is_file():
+        return  # an exported folder: its model as it is
+    model, cfg, step = _model_from_checkpoint(root, after=behind)
+    newest = max((int(p.name.removeprefix("step-")) for p in _checkpoints(root)), default=step)
+    if fmt == "hf":
+        _require_hf(model, cfg)  # before final/ is written: a refused export writes nothing
+    if behind is not None:
+        n, aside = 1, root / f"{FINAL}.step-{behind:08d}"
+        while aside.exists():
+            n, aside = n + 1, root / f"{FINAL}.step-{behind:08d}.{n + 1}"
+        os.replace(root / FINAL, aside)
+        say(f"export: {root / FINAL} held the model at step {behind}, before the run went on to step {step}; it was "
+            f"moved to {aside}")
+    if write_final(model, cfg, root, True, step=step, passed=newest if newest > step else None) is None:
+        raise UserError(f"{root / FINAL} could not be written (see the warning above); free space in the run "
+                        "directory and export again")
+    say(f"export: {root / FINAL} written")
 
 
 @contextmanager
@@ -417,6 +485,10 @@ NOT_A_RUN = (f"not a run directory (no config.toml, metrics.jsonl, {FINAL}/ or c
              "folder, e.g. runs/NAME")
 
 
+NO_MODEL = (f"no {FINAL}/{WEIGHTS} and no checkpoint (the run stopped before it finished and before its first "
+            "save, or with checkpoint.every = 0): it holds no trained model; train it again")
+
+
 def _is_run_dir(d: Path) -> bool:
     """Surely a run directory: where an export must never write."""
     return (d / "config.toml").is_file() and any((d / n).exists() for n in RUN_MARKERS)
@@ -435,6 +507,11 @@ def _run_root(run_dir: str | os.PathLike) -> Path:
     if root.resolve().name == FINAL:
         root = root.resolve().parent
     if not (root / WEIGHTS).is_file() and not _holds_run_files(root):
+        from turbotrain.report import enclosing_run
+
+        if (run := enclosing_run(root)) is not None:  # a checkpoint folder, say
+            raise UserError(f"{run_dir}: not a run directory but a folder inside the run {run}; name the run: "
+                            f"{run} (it is exported from its final/, else from its latest checkpoint that verifies)")
         raise UserError(f"{run_dir}: {NOT_A_RUN}")
     return root
 
@@ -522,14 +599,19 @@ def _save_tokenizer(cfg, dest: Path) -> None:
         PreTrainedTokenizerFast(tokenizer_file=str(path_arg("data.args.tokens", tokens))).save_pretrained(dest)
 
 
-def _model_from_checkpoint(root: Path) -> tuple[nn.Module, object]:
-    """The model of an unfinished run and its config, from its latest checkpoint that verifies and reads whole:
-    state.pt's model, or FSDP2's sharded dcp/ read into the full model (one process, no process group). A
-    checkpoint that fails or disappears while it is read (deleted, rotated) is passed over for the one before."""
-    from turbotrain.checkpoint import CheckpointConfig, Checkpointer, CodeInCheckpoint, CorruptCheckpoint
+def _model_from_checkpoint(root: Path, after: int | None = None) -> tuple[nn.Module, object, int]:
+    """The model of an unfinished run, its config and step, from its latest checkpoint (past step `after`) that
+    verifies and reads whole: state.pt's model, or FSDP2's sharded dcp/ read into the full model (one process,
+    no process group). A checkpoint that fails or disappears while it is read (deleted, rotated) is passed over
+    for the one before."""
+    from turbotrain.checkpoint import Checkpointer, CodeInCheckpoint, CorruptCheckpoint
 
     model = cfg = None
-    for path in reversed(Checkpointer(CheckpointConfig(), root, 0, 1, sharded=False).list()):
+    listed = _checkpoints(root)
+    for path in reversed(listed):
+        step = int(path.name.removeprefix("step-"))
+        if after is not None and step <= after:
+            break
         try:
             problem = Checkpointer.verify(path)
             if problem is None:
@@ -537,10 +619,15 @@ def _model_from_checkpoint(root: Path) -> tuple[nn.Module, object]:
                     model, cfg = _build(root / "config.toml")
                 _load_checkpoint(path, model, root / "config.toml")
                 say(f"export: the run did not finish; its model comes from checkpoint {path.name}")
-                return model, cfg
+                return model, cfg, step
         except (OSError, CorruptCheckpoint, CodeInCheckpoint) as e:
             problem = (e.strerror if isinstance(e, OSError) else None) or str(e)
         say(f"warning: checkpoint {path.name} cannot be exported ({problem}); trying the previous one")
+    if after is not None:
+        raise UserError(f"{root}: its {FINAL}/ is the model at step {after} and no checkpoint past it verifies; "
+                        f"rerun the run to finish it, or load step {after}'s: turbotrain.load({str(root / FINAL)!r})")
+    if not listed:
+        raise UserError(f"{root}: {NO_MODEL}")
     raise UserError(f"{root}: no {FINAL}/{WEIGHTS} and no good checkpoint to export from")
 
 

@@ -321,7 +321,8 @@ def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: b
 def _set_aside_finished(path: Path, start_step: int) -> None:
     """A resume of a finished run (extended, or branched back to an earlier checkpoint) sets its summary.json
     aside, else a crash of the new attempt would still read as the finished run; on a branch its final/ too,
-    which is the model of the timeline left behind. Renamed by the step they were of: kept, never deleted."""
+    which is the model of the timeline left behind (an extension's final/ stays: it records its step, and load()
+    refuses it once a checkpoint is past it). Renamed by the step they were of: kept, never deleted."""
     summary = path / "summary.json"
     if not summary.is_file():
         return

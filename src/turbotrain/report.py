@@ -112,10 +112,40 @@ def _json(run_dir: Path, name: str, damaged: list[str]) -> dict | None:
     return obj
 
 
+def run_path(run_dir: str | os.PathLike) -> Path:
+    """`run_dir` as a run directory's path, `~` expanded; one UserError where it names no folder, a file, or a
+    folder inside a run (its final/, a checkpoint), that names the run directory to give instead."""
+    from turbotrain.files import path_arg
+
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise UserError(f"{run_dir!r}: expected the path of a run directory (a str or a Path), e.g. \"runs/NAME\"")
+    if not str(run_dir).strip():
+        raise UserError("RUN_DIR '': names no folder (an unset shell variable?); name a run's folder, e.g. runs/NAME")
+    path = path_arg("RUN_DIR", run_dir)
+    # a run that logged no step yet holds its config.toml; a final/ or an export holds one beside its weights
+    own = path.is_dir() and (any((path / n).exists() for n in ("metrics.jsonl", ".lock", "summary.json")) or (
+        (path / "config.toml").is_file() and not (path / "model.safetensors").exists()))
+    run = None if own else enclosing_run(path)
+    if run is not None:
+        raise UserError(f"{run_dir}: not a run directory but a folder inside the run {run}; name the run: {run}")
+    if not path.is_dir():
+        why = ("a file, not a run directory; name the run's folder, e.g. runs/NAME" if path.exists() else
+               "no such run directory; check the path (a run is {run.out_dir}/{run.name}, e.g. runs/NAME)")
+        raise UserError(f"{run_dir}: {why}")
+    return path
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The run directory that `path` lies inside (a folder above it holding metrics.jsonl or summary.json, within
+    four levels: final/, checkpoints/step-N/dcp, export/hf), None where there is none."""
+    above = path.absolute().parents
+    return next((d for d in above[:4] if (d / "metrics.jsonl").is_file() or (d / "summary.json").is_file()), None)
+
+
 def load_run(run_dir: str | Path) -> RunFiles:
     from turbotrain.rundir import RunDir
 
-    path = Path(run_dir)
+    path = run_path(run_dir)
     live = RunDir.lock_held(path) is True  # a running run's last line may be one being written, not a damaged one
     if not (path / "metrics.jsonl").is_file():
         _no_metrics(path, live)
@@ -139,6 +169,9 @@ def _no_metrics(path: Path, live: bool) -> None:
         raise UserError(f"{path / 'metrics.jsonl'} is not a regular file; move it aside")
     if live:
         return
+    if (path / "summary.json").exists():  # the run logged steps (its summary says how many): the file went since
+        raise UserError(f"{path}: metrics.jsonl is missing though summary.json says the run ran: it was deleted or "
+                        f"moved; put it back in {path} (report and watch draw from it)")
     if (path / "config.toml").is_file():
         raise UserError(f"{path}: the run logged no step (no metrics.jsonl, no process holds it): it stopped before "
                         "its first log step or never started; see its console output, or train it again")
@@ -307,15 +340,40 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              f"| state | {describe_state(run)} |",
              f"| last step | {_fmt(last.get('step'))} |",
              f"| final loss | {_fmt(s.get('final_loss', last.get('loss')))} |",
-             f"| val loss | {_fmt(s.get('val_loss'))} |",
+             f"| val loss | {val_loss_text(run)} |",
              f"| samples/s (timed region) | {_fmt(s.get('samples_per_s'))} |",
              f"| tokens/s | {_fmt(s.get('tokens_per_s'))} |", f"| MFU | {_fmt(s.get('mfu'))} |",
              f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
              f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
+             *([f"| optimizer steps skipped (fp16) | {skipped} |"] if (skipped := skipped_text(run)) else []),
              f"| exposed communication share (profile) | {_fmt(run.exposed_comm_share)} |", "",
              *[f"- **{note}**" for note in notes], *([""] if notes else []),
              *_alert_lines(run)]
     return "\n".join(lines) + "\n"
+
+
+def skipped_text(run: RunFiles) -> str | None:
+    """The optimizer steps fp16's loss scaling skipped, from the summary of this attempt (None: none, or not
+    known): a run whose steps mostly left the weights unchanged must not read as an ordinary finished one."""
+    s = {} if run.stale_summary else run.summary or {}
+    n, steps, start = s.get("skipped_steps"), s.get("steps"), s.get("resumed_from") or 0
+    if not (_finite(n) and n > 0 and _finite(steps) and _finite(start)):
+        return None
+    return (f"{_fmt(n)} of {_fmt(steps - start)} (gradients overflowed at the loss scale in force: those steps left "
+            "the weights unchanged)")
+
+
+def val_loss_text(run: RunFiles, fmt=None) -> str:
+    """The last evaluation's loss as watch and report say it (`fmt`: how a number is written): one that was NaN/inf
+    (logged as null) is said so, not "–" as if none ran; one of an earlier step than the last names its step."""
+    fmt = fmt or _fmt
+    row = next((r for r in reversed(run.rows) if "val_loss" in r), None)
+    if row is None:
+        return fmt(None)
+    if not _finite(row["val_loss"]):
+        return "null (NaN/inf: the last evaluation diverged)"
+    at = row.get("step")
+    return fmt(row["val_loss"]) + (f" (at step {_fmt(at)})" if at != run.last_row.get("step") else "")
 
 
 def _alert_lines(run: RunFiles) -> list[str]:

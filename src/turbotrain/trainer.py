@@ -80,7 +80,7 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     # final/ before the end checkpoint: a crash between them leaves steps for the rerun to redo (and final/ to write
     # again); the other order could leave a finished run without final/, which no rerun writes
     if run.cfg.checkpoint.final:
-        write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main)  # final/: the model, always
+        write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main, step=done)  # the model, always
     if run.cfg.checkpoint.every:
         _save(run, hooks, done)
     summary = _summary(run, monitor, done, t_start)  # summary.json last: it marks the run finished (watch, report)

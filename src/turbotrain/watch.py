@@ -11,7 +11,17 @@ import sys
 import time
 from pathlib import Path
 
-from turbotrain.report import RunFiles, _finite, alert_notes, describe_state, file_notes, load_run
+from turbotrain.report import (
+    RunFiles,
+    _finite,
+    alert_notes,
+    describe_state,
+    file_notes,
+    load_run,
+    run_path,
+    skipped_text,
+    val_loss_text,
+)
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -36,13 +46,6 @@ def _last(run: RunFiles, key: str) -> float | None:
     return v if _finite(v) else None
 
 
-def _val_loss(run: RunFiles) -> str:
-    row = next((r for r in reversed(run.rows) if "val_loss" in r), None)
-    if row is not None and not _finite(row["val_loss"]):
-        return "null (NaN/inf: the last evaluation diverged)"
-    return _num(_last(run, "val_loss"))
-
-
 def _num(v: float | None, fmt: str = ".4g", unit: str = "") -> str:
     return "–" if v is None else f"{v:{fmt}}{unit}"
 
@@ -59,7 +62,7 @@ def frame(run: RunFiles, width: int = 60) -> str:
         loss = losses[-1] if losses else None
     lines = [
         f"turbotrain watch — {run.path}   [{describe_state(run)}]",
-        f"step {last.get('step', '–')}   loss {_num(loss)}   val_loss {_val_loss(run)}",
+        f"step {last.get('step', '–')}   loss {_num(loss)}   val_loss {val_loss_text(run, _num)}",
         f"loss   {sparkline(losses, width)}",
         f"       min {_num(min(losses) if losses else None)}  max {_num(max(losses) if losses else None)}",
         f"speed  {rate_s}   step {_num(_last(run, 'step_ms'), '.1f', ' ms')}   "
@@ -72,6 +75,7 @@ def frame(run: RunFiles, width: int = 60) -> str:
         f"data   wait {_num(_last(run, 'data_wait_pct'), '.1f', ' %')} of step time   "
         f"sync {_num(_last(run, 'sync_ms'), '.1f', ' ms')}"
         + (f"   exposed comm {run.exposed_comm_share:.1%} (profile)" if run.exposed_comm_share is not None else ""),
+        *([f"fp16   ! optimizer steps skipped: {skipped}"] if (skipped := skipped_text(run)) else []),
         *[f"files  ! {note}" for note in file_notes(run)],
         *_alert_lines(run, width),
     ]
@@ -94,7 +98,7 @@ def _alert_lines(run: RunFiles, width: int) -> list[str]:
 def watch(run_dir: str | Path, once: bool = False, interval_s: float = 2.0) -> None:
     """Print frames while the run goes on (report.run_state: its lock held), then its last frame; `once`: one
     frame. Where the lock cannot be tested it goes on until a summary.json appears (or Ctrl-C)."""
-    path = Path(run_dir)
+    path = run_path(run_dir)
     while True:
         run = load_run(path)
         text = frame(run)

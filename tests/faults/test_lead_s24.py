@@ -112,7 +112,7 @@ def test_a_resumed_finished_run_that_crashes_no_longer_reads_as_finished(tmp_pat
     with pytest.raises(Exception, match="crash for the test"):
         train(tiny_gpt(tmp_path, "train.steps=8", *over), callbacks=[_CrashAt(5)])
     assert not (run / "summary.json").exists() and (run / "summary.step-00000004.json").is_file()
-    assert (run / "final").is_dir()  # the model at step 4, which the resume continued from
+    assert (run / "final").is_dir()  # the model at step 4, which load() refuses now that step 6 is checkpointed
     assert run_state(load_run(run)) != "finished"
 
     train(tiny_gpt(tmp_path, "train.steps=4", *over, "run.name=b"))

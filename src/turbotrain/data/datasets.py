@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from turbotrain.contract import choice_arg, float_arg, int_arg
 from turbotrain.data.fetch import checksums, fetch, file_sha256, read_idx, record_checksums, write_atomic
@@ -77,7 +77,7 @@ class TokenWindows(TensorDataset):
     inputs tokens[s : s+T], targets tokens[s+1 : s+T+1]."""
 
     def __init__(self, tokens: torch.Tensor, block_size: int, stride: int | None = None, vocab_size: int = 256):
-        if len(tokens) <= block_size + 1:
+        if len(tokens) < block_size + 1:  # a window takes block_size + 1 tokens (its targets are shifted by one)
             raise UserError(f"data: {len(tokens)} tokens are too few for block_size {block_size}")
         self.tokens, self.block_size, self.vocab_size = tokens, block_size, vocab_size
         self.stride = stride or block_size
@@ -162,7 +162,7 @@ def split_windows(ids: np.ndarray, vocab_size: int, split: str, block_size: int,
     """Token windows over the train part (the first 1 - val_fraction of the stream) or the val part."""
     cut = int(len(ids) * (1 - val_fraction))
     part = ids[:cut] if split == "train" else ids[cut:]
-    if len(part) <= block_size + 1:
+    if len(part) < block_size + 1:
         which = "train" if split == "train" else "validation"
         raise UserError(f"data.args.block_size = {block_size}: the {which} split{where} has only {len(part)} tokens "
                         f"(data.args.val_fraction = {val_fraction}); lower block_size or {fix}")
@@ -245,12 +245,14 @@ def host_memory_bytes() -> int | None:
 
 
 def _fits_host(what: str, arg: str, nbytes: int) -> None:
-    """The synthetic data is made in host memory at once: more than the host has is refused before torch tries
-    (it would fail naming an allocation, or overflow its int64 sizes, not the data.args that asked for it)."""
+    """The synthetic data is made in host memory at once: more than the host holds is refused before torch tries
+    (it would fail naming an allocation, overflow its int64 sizes, or end in the out-of-memory killer's SIGKILL
+    without a word). Each split may take half the host: the val split is made as large again."""
     total = host_memory_bytes()
-    if total is not None and nbytes > total:
-        raise UserError(f"data.args: synthetic data of {what} takes {nbytes / 2**30:,.0f} GiB, more than this host's "
-                        f"{total / 2**30:,.0f} GiB of memory; lower data.args.size or data.args.{arg}")
+    if total is not None and nbytes > total // 2:
+        raise UserError(f"data.args: synthetic data of {what} takes {nbytes / 2**30:,.1f} GiB a split, more than this "
+                        f"host's {total / 2**30:,.0f} GiB of memory holds (half of it a split, as the val split is as "
+                        f"large); lower data.args.size or data.args.{arg}")
 
 
 # ---------------------------------------------------------------- dict items (HF `datasets` rows and the like)
@@ -338,6 +340,17 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
         # (x, y) itself: as a dataset it would be two items, each a whole tensor
         raise UserError(f"{who}: got a {type(ds).__name__} of two arrays of {len(ds[0])} and {len(ds[1])} rows, "
                         f"not a dataset of (inputs, targets) items; wrap them: torch.utils.data.TensorDataset(x, y)")
+    if isinstance(ds, IterableDataset):  # its __getitem__ is Dataset's NotImplementedError, whatever its __len__ says
+        raise UserError(f"{who}: got {type(ds).__name__}, an IterableDataset (a stream); turbotrain samples by index "
+                        f"and needs a map-style Dataset (__getitem__ and __len__), e.g. HF datasets loaded without "
+                        f"streaming=True, or the stream's items gathered into a list")
+    if isinstance(ds, Mapping) and any(k in ds for k in INPUT_KEYS + TARGET_KEYS):
+        # a tokenizer's BatchEncoding, or a dict of columns: its keys are columns, not splits
+        ins = next((k for k in INPUT_KEYS if k in ds), "input_ids")
+        tgts = next((k for k in TARGET_KEYS if k in ds), "labels")
+        raise UserError(f"{who}: got a {type(ds).__name__} of whole columns ({', '.join(map(repr, list(ds)[:4]))}), "
+                        f"not a dataset of items; wrap them, one row per item: "
+                        f"torch.utils.data.TensorDataset(d[{ins!r}], d[{tgts!r}])")
     if isinstance(ds, Mapping):  # an HF DatasetDict or a dict of splits: ds[0] would be a KeyError
         raise UserError(f"{who}: got a {type(ds).__name__} of splits ({', '.join(map(repr, list(ds)[:4]))}), not one "
                         f"dataset; pass one split, e.g. train_data=ds['train'], val_data=ds['validation']")

@@ -8,8 +8,9 @@
     block_size = 256        # tokens per sample
     val_fraction = 0.1      # the last 10 % of the tokens are the validation split
 
-The files are read in sorted path order, joined by a newline (char/byte) or encoded one by one (a
-tokenizer.json of the HF `tokenizers` library; no special tokens added). The token ids are written once to
+The files are read in sorted path order (any case of the suffixes; hidden entries, .name, left out and said),
+joined by a newline (char/byte) or encoded one by one (a tokenizer.json of the HF `tokenizers` library; no special
+tokens added, its truncation and padding off). The token ids are written once to
 a memory-mapped file in turbotrain's cache (`$TURBOTRAIN_CACHE/text/<key>/`, key = the files' paths, sizes
 and mtimes and the tokenizer), checksummed in its meta.json like the fetched datasets: a changed file makes a
 new cache entry, a corrupt one is rebuilt. .parquet needs pyarrow (installed with `datasets`).
@@ -27,7 +28,7 @@ import numpy as np
 from turbotrain.data.fetch import checksums, file_sha256, record_checksums, write_atomic
 from turbotrain.errors import UserError
 from turbotrain.files import cache_root, path_arg
-from turbotrain.log import say
+from turbotrain.log import say, say_once
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -52,7 +53,12 @@ def source_files(path: str) -> list[Path]:
     if root.is_file():
         files = [root]
     elif root.is_dir():
-        files = sorted(p for p in _walk(root) if p.suffix in SUFFIXES)
+        found, hidden = _walk(root)
+        files = sorted(p for p in found if _kind(p) in SUFFIXES)
+        left = sorted(hidden + [p for p in found if _kind(p) not in SUFFIXES])
+        if left and files:  # a .md, .csv or .txt.gz beside the text would be left out of training unseen
+            say_once(f"data text: {len(left)} entries under {path} left out: hidden, or not {'/'.join(SUFFIXES)} "
+                     f"(e.g. {left[0].relative_to(root)})")
     elif root.exists() or root.is_symlink():
         raise UserError(f"data.args.path = {path!r}: not a regular file or folder (a broken link, a pipe or a device)")
     else:
@@ -61,36 +67,45 @@ def source_files(path: str) -> list[Path]:
     if odd:  # skipping it would leave its text out of the training data, unseen
         raise UserError(f"data.args.path = {path!r}: {odd[0]} is not a regular file (a broken link, a pipe or a "
                         "device); fix or remove it")
-    bad = [p for p in files if p.suffix not in SUFFIXES]
+    bad = [p for p in files if _kind(p) not in SUFFIXES]
     if bad or not files:
         raise UserError(f"data.args.path = {path!r}: " + (f"{bad[0].name} is not {'/'.join(SUFFIXES)}" if bad else
-                        f"no {', '.join(SUFFIXES)} files in the folder"))
+                        f"no {', '.join(SUFFIXES)} files in the folder (hidden ones, .name, are left out)"))
     return files
 
 
-def _walk(root: Path) -> list[Path]:
-    """Every non-folder entry under `root`, through linked folders too (rglob skips those, and with them their
-    text, unseen); a folder reached twice (a link back up the tree) is walked once."""
+def _kind(p: Path) -> str:
+    return p.suffix.lower()  # NOTES.TXT is text too: left out, its text would be missing from training unseen
+
+
+def _walk(root: Path) -> tuple[list[Path], list[Path]]:
+    """(every non-folder entry under `root`, the hidden entries left out), through linked folders too (rglob skips
+    those, and with them their text, unseen); a folder reached twice (a link back up the tree) is walked once.
+    Hidden entries are tools' copies and locks, not the corpus: Jupyter's .ipynb_checkpoints/a-checkpoint.txt
+    (the text twice, in the val split too), Emacs's .#a.txt lock (a dangling link), macOS's ._a.txt."""
     def unreadable(e: OSError) -> None:
         raise UserError(f"data.args.path: cannot list {e.filename} ({e.strerror or e}); make it readable or move it "
                         "out of the folder")
 
-    out, seen = [], set()
+    out, hidden, seen = [], [], set()
     for top, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
         real = os.path.realpath(top)
         if real in seen:
             dirs.clear()
             continue
         seen.add(real)
-        out += [Path(top) / n for n in names]
-    return out
+        hidden += [Path(top) / n for n in dirs + names if n.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        out += [Path(top) / n for n in names if not n.startswith(".")]
+    return out, hidden
 
 
 def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     """(ids, vocab size): the cached memory-mapped token file when its checksum verifies, else tokenised
     and cached (in memory only when the cache is not writable)."""
     stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    tok_sum = file_sha256(_tokenizer_path(tokens)) if tokens not in ("char", "byte") else tokens
+    # "whole": tokenised with the file's truncation and padding off (tokens cached with them on are not the text's)
+    tok_sum = f"{file_sha256(_tokenizer_path(tokens))} whole" if tokens not in ("char", "byte") else tokens
     # the decoding rules are part of the key: a cache tokenised under other rules is not this text's tokens
     key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict, no BOM"]).encode()).hexdigest()[:20]
     root = cache_root() / "text" / key
@@ -122,11 +137,13 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
 
 
 def _read(p: Path) -> str:
-    if p.suffix == ".txt":
+    if _kind(p) == ".txt":
         return _utf8(p)
-    if p.suffix == ".jsonl":
+    if _kind(p) == ".jsonl":
         out = []
-        for n, line in enumerate(_utf8(p).splitlines(), 1):
+        # JSON Lines end at "\n" alone: splitlines() would also cut inside strings at the U+2028, U+2029 and U+0085
+        # that JSON leaves unescaped (json.dumps(..., ensure_ascii=False) writes them as they are)
+        for n, line in enumerate(_utf8(p).split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -206,6 +223,12 @@ def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | 
         tok = Tokenizer.from_file(str(_tokenizer_path(tokens)))
     except Exception as e:  # the library raises its own Exception type for a malformed file
         raise UserError(f"data.args.tokens = {tokens!r}: not a tokenizers tokenizer.json ({str(e)[:120]})") from None
+    cut = [what for what, on in (("truncation", tok.truncation), ("padding", tok.padding)) if on]
+    if cut:  # set for a model's inputs; on a file's whole text they would cut it short or pad it with pad tokens
+        say_once(f"data text: {tokens}'s {' and '.join(cut)} turned off: the files are tokenised whole into one "
+                 f"stream that data.args.block_size cuts into windows")
+        tok.no_truncation()
+        tok.no_padding()
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     enc = tok.encode_batch(docs, add_special_tokens=False)
     ids = np.fromiter((i for e in enc for i in e.ids), dtype=np.int64)
