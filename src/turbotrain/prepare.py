@@ -416,7 +416,9 @@ def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strate
     Building leaves the global RNG as it was, so a meta build and a full-size one train alike."""
     if model is not None:
         return adapt(model), {}
-    data_args = args_from_data(cfg.model, data_meta(train_ds))
+    declared = data_meta(train_ds)
+    _fits_declared(cfg, declared)
+    data_args = args_from_data(cfg.model, declared)
     meta = meta_init.wanted(cfg.parallel.meta_init, strategy, cfg.model.name, BUILTIN)
     model_cfg = replace(cfg.model, args={**data_args, **cfg.model.args})
     check_host_memory(model_cfg, world if meta else 1)
@@ -425,6 +427,19 @@ def _build_model(cfg: Config, model: nn.Module | None, train_ds: Dataset, strate
     if not meta:
         meta_init.initialise(model, cfg.run.seed, fresh=False)
     return model, data_args
+
+
+def _fits_declared(cfg: Config, declared: dict) -> None:
+    """A built-in model given fewer token ids or classes than its dataset declares: refused now, not at the first
+    batch that holds an id past them, perhaps many steps in (the first batch alone is checked before)."""
+    if cfg.model.name not in BUILTIN:
+        return
+    for key in ("vocab_size", "num_classes"):
+        have, need = cfg.model.args.get(key), declared.get(key)
+        if isinstance(have, int) and not isinstance(have, bool) and isinstance(need, int) and have < need:
+            what = "token ids" if key == "vocab_size" else "classes"
+            raise UserError(f"model.args.{key} = {have} gives the model {have} {what}, fewer than the data's {need} "
+                            f"(its {key}); raise it to at least {need}, or leave it out to take the data's")
 
 
 def check_host_memory(model_cfg, shards: int) -> None:

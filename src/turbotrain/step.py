@@ -18,7 +18,7 @@ from turbotrain.accel.optim import clip_grad_norm
 from turbotrain.contract import check_eval_value, metric_value
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import eval_batches
-from turbotrain.distributed.ddp import DDP, grad_sync
+from turbotrain.distributed.ddp import DDP, grad_sync, rank0_running_stats
 from turbotrain.distributed.env import DistEnv, all_mean
 from turbotrain.distributed.pipeline_parallel import PipelineRunner
 from turbotrain.errors import UserError
@@ -203,6 +203,8 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     with _users("model.eval()", "an override of train() must take nn.Module.train's `mode` (eval() calls "
                 "train(False))"):
         tr.model.eval()
+    if pp is None:  # each rank's BatchNorm ran on its own shards: evaluate the statistics a checkpoint saves
+        rank0_running_stats(tr.model)
     try:  # an error in eval (out of memory, the user's metric) leaves the model in train mode all the same
         sums = _eval_sums(tr, ds, batches, net, loss_fn, metrics, pp)
     finally:

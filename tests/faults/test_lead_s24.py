@@ -174,3 +174,12 @@ def test_a_null_in_the_row_sets_the_prometheus_gauge_to_nan_not_its_old_value():
         assert math.isnan(prom.gauges["grad_norm"].labels(rank=0)._value.get())
     finally:
         prom.close()
+
+
+def test_a_model_vocabulary_smaller_than_the_datas_is_refused_at_the_start(tmp_path):
+    """Caught only when a batch held an id past it: 31 steps into a text run."""
+    from turbotrain.errors import UserError
+
+    with pytest.raises(UserError, match=r"vocab_size = 32 gives the model 32 token ids, fewer than the data's 64"):
+        train(tiny_gpt(tmp_path, "model.args.vocab_size=32", "train.steps=2"))
+    train(tiny_gpt(tmp_path, "model.args.vocab_size=96", "train.steps=1", "run.name=wider"))  # larger is fine

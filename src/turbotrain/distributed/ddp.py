@@ -50,6 +50,20 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+def rank0_running_stats(model: nn.Module) -> None:
+    """Every rank takes rank 0's BatchNorm running statistics; call on all ranks at once (evaluation's start).
+    They are buffers that each rank updates from its own micro-batches (DDP's broadcast_buffers sends rank 0's
+    before a training forward, so the last one's update differs; FSDP2 never sends them): evaluation ran a
+    different model on each rank (val_loss a mean over them, no model's) while checkpoints and final/ keep
+    rank 0's. Usage: `model.eval(); rank0_running_stats(model)`."""
+    if not dist.is_initialized():
+        return
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for b in m.buffers():
+                dist.broadcast(b, src=0)
+
+
 _LIVE: "weakref.WeakSet[DDP]" = weakref.WeakSet()
 
 
@@ -69,8 +83,11 @@ def release_reducers() -> None:
 @contextlib.contextmanager
 def grad_sync(model: nn.Module, last_micro_step: bool):
     """Reduce gradients on the last micro-batch of an accumulation only: DDP's no_sync, FSDP2's
-    set_requires_gradient_sync (unsharded grads accumulate locally until then). A no-op otherwise."""
-    if isinstance(model, DDP) and not last_micro_step:
+    set_requires_gradient_sync (unsharded grads accumulate locally until then). A no-op otherwise.
+    Under parallel.static_graph DDP records the graph in its first synced backward and fails an internal assert
+    when that backward is a no_sync one: the first step's micro-batches all reduce (a mean of sums is the sum of
+    means: the same gradients, one step's extra traffic)."""
+    if isinstance(model, DDP) and not last_micro_step and not _recording(model):
         with model.no_sync():
             yield
     elif hasattr(model, "set_requires_gradient_sync"):
@@ -78,3 +95,8 @@ def grad_sync(model: nn.Module, last_micro_step: bool):
         yield
     else:
         yield
+
+
+def _recording(model: DDP) -> bool:
+    """A static-graph DDP before its first synced backward (torch's own flag for it)."""
+    return model.static_graph and not getattr(model, "_static_graph_delay_allreduce_enqueued", False)

@@ -7,6 +7,7 @@ independent runs; torchrun's own variables win wherever both are set.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -169,6 +170,36 @@ def slurm_exports(e: Mapping[str, str]) -> dict[str, str]:
             "MASTER_PORT": str(slurm_port(e["SLURM_JOB_ID"]))}
 
 
+# ---------------------------------------------------------------- one error line a job
+
+SAID_TIMEOUT_S = 3  # the launcher's store (on its node 0) answers at once; a gone one is retried this long
+
+
+def first_to_say(line: str) -> bool:
+    """Whether this process prints `line` (an error line): under torchrun every rank usually fails the same way
+    (a bad config value, a missing file), and N identical lines bury the one that matters. The first rank to
+    register the exact text in torchrun's own store says it; a text that differs (a rank-specific error) is
+    said by its rank. True outside torchrun, without the launcher's shared store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE
+    or SLURM's srun: no store outlives the process group there) and whenever the store cannot be asked:
+    a line said twice beats a line lost."""
+    e = os.environ
+    if e.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or e.get("WORLD_SIZE", "1").strip() in ("0", "1"):
+        return True
+    host, port = e.get("MASTER_ADDR", ""), e.get("MASTER_PORT", "").strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return True
+    try:
+        socket.getaddrinfo(host, None)  # an unknown host: said at once, not after SAID_TIMEOUT_S of retries
+        store = dist.TCPStore(host, int(port), is_master=False,
+                              timeout=timedelta(seconds=SAID_TIMEOUT_S))
+        # a restarted worker group (--max-restarts) says its own errors again: the attempt is part of the key
+        attempt = f"{e.get('TORCHELASTIC_RUN_ID', '')}/{e.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        key = f"turbotrain/said/{attempt}/{hashlib.sha256(line.encode()).hexdigest()}"
+        return store.add(key, 1) == 1
+    except (RuntimeError, ValueError, OSError, UnicodeError):  # the launcher gone, MASTER_ADDR unknown
+        return True
+
+
 # ---------------------------------------------------------------- torchrun --max-restarts
 
 def restart_store_warning(e: Mapping[str, str] = os.environ) -> str | None:
@@ -256,13 +287,23 @@ def _rank_device(env: DistEnv) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
-def all_mean(values: list[float], device: torch.device) -> list[float]:
-    """Mean of each value over ranks (one collective for all of them)."""
+def all_mean(values: list[float], device: torch.device, maxed: tuple[int, ...] = ()) -> list[float]:
+    """Mean of each value over ranks, or the largest for the positions in `maxed` (one collective for all of
+    them). A count of events on any rank (non-finite losses in a row: the averaged loss is NaN when one rank's
+    is) is the largest: its mean over N ranks would say 1/N of it, and a limit on it would trip N times late.
+    Usage: `loss, streak = all_mean([loss, streak], device, maxed=(1,))`."""
     if not dist.is_initialized():
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return (t / dist.get_world_size()).tolist()
+    if not maxed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return (t / dist.get_world_size()).tolist()
+    rows = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, t)
+    every = torch.stack(rows)
+    out = every.mean(0)
+    out[list(maxed)] = every[:, list(maxed)].amax(0)
+    return out.tolist()
 
 
 def all_gather_floats(value: float, device: torch.device) -> list[float]:

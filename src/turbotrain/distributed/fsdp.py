@@ -88,7 +88,20 @@ def apply_fsdp(model: nn.Module, device: torch.device, world_size: int, param_dt
     # the root stays gathered after forward: backward needs it first (with one unit, resharding it would
     # all-gather the whole model twice a step, the second time with no compute to hide behind)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    if cfg.strategy in ("fsdp", "hsdp") and has_batchnorm(model):  # a pipeline stage's group is not the world
+        model.register_forward_pre_hook(_eval_from_rank0)
     return model
+
+
+def _eval_from_rank0(model: nn.Module, args: tuple) -> None:
+    """Each eval forward uses rank 0's BatchNorm statistics (see ddp.rank0_running_stats: the checkpoints' and
+    final/'s), a user's own eval forward too (step.evaluate takes them once for its own). Every FSDP2 forward is
+    collective already (all-gathers), so no rank waits here alone; training normalises by the batch (and a
+    compiled step keeps its one graph)."""
+    if not model.training:
+        from turbotrain.distributed.ddp import rank0_running_stats
+
+        rank0_running_stats(model)
 
 
 def set_prefetch(units: list[nn.Module], ahead: int) -> None:

@@ -104,7 +104,9 @@ class RunMonitor:
         what runs before `write` (evaluation) stays out of the throughput. Runs the alert rules."""
         sync(self.device)
         window = self.meter.window(done, data_wait_s)
-        loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(self.device), self.bad_streak.item()], self.device)
+        # the non-finite streak is the longest on any rank (a mean would stop a NaN on one of N ranks N times late)
+        loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(self.device), self.bad_streak.item()], self.device,
+                                        maxed=(2,))
         return self._row(done, window, loss_v, grad_norm.item() if grad_norm is not None else None, lr, peak, streak,
                          data_wait_s)
 
