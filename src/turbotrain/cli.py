@@ -374,10 +374,11 @@ def _error(text: str) -> int:
     reader gone, `2>/dev/full`) leaves the exit code 2, not 1 and a second failure: the rest of stderr goes to
     the null device, so the interpreter's last flush does not fail again either (that would make it 120). Under
     torchrun the same line from every rank is said once (distributed.env.first_to_say)."""
-    from turbotrain.distributed.env import first_to_say
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # a torchrun worker (imports torch: not before)
+        from turbotrain.distributed.env import first_to_say
 
-    if not first_to_say(f"error: {text}"):
-        return 2
+        if not first_to_say(f"error: {text}"):
+            return 2
     try:
         print(f"error: {text}", file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):  # ValueError: closed; AttributeError: None (fd 2 closed)
