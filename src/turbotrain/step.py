@@ -203,8 +203,8 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
     with _users("model.eval()", "an override of train() must take nn.Module.train's `mode` (eval() calls "
                 "train(False))"):
         tr.model.eval()
-    if pp is None:  # each rank's BatchNorm ran on its own shards: evaluate the statistics a checkpoint saves
-        rank0_running_stats(tr.model)
+    if isinstance(tr.step_module, DDP):  # each rank's BatchNorm ran on its own shards: evaluate the statistics a
+        rank0_running_stats(tr.model)  # checkpoint saves (FSDP2's forward hook takes them: fsdp._eval_from_rank0)
     try:  # an error in eval (out of memory, the user's metric) leaves the model in train mode all the same
         sums = _eval_sums(tr, ds, batches, net, loss_fn, metrics, pp)
     finally:
