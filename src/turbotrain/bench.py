@@ -382,13 +382,13 @@ def write_results(folder: Path, stem: str, data: dict, markdown: str, plot=None)
     """{stem}.json, {stem}.md (and with `plot` {stem}.png) in `folder`, never through a symbolic link, and the
     markdown on the console."""
     from turbotrain.report import refuse_links
-    from turbotrain.rundir import write_run_file
+    from turbotrain.rundir import strict_json, write_run_file
 
     if plot is not None:
         png = folder / f"{stem}.png"
         refuse_links([png])  # a link planted while the runs ran: savefig would follow it
         plot(data, png)
-    write_run_file(folder / f"{stem}.json", json.dumps(data, indent=2))
+    write_run_file(folder / f"{stem}.json", strict_json(data, indent=2))
     write_run_file(folder / f"{stem}.md", markdown + "\n")
     print(markdown)
 
@@ -458,6 +458,9 @@ def _judge(rows: list[dict], converge: bool, synthetic: bool = False) -> None:
     lm = base is not None and base.get("tokens_per_s") is not None
     for r in rows:
         if not r.get("samples_per_s") or base is None:
+            if base is None and "error" not in r:
+                r["verdict"] = ("no speedup: the baseline row failed" if any(x["variant"] == "baseline" for x in rows)
+                                else "no speedup: add baseline to --variants to compare with")
             continue
         r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
         r["mem_saving"] = 1 - r["peak_mem_gib"] / base["peak_mem_gib"] if base["peak_mem_gib"] else None
@@ -501,7 +504,8 @@ def format_table(result: dict) -> str:
             continue
         rate = r["tokens_per_s"] or r["samples_per_s"]
         f = _num
-        lines.append(f"| {r['variant']} | {rate:,.0f} | {f(r.get('speedup'), '.2f')}x | {f(r['step_ms'], '.1f')} | "
+        speedup = "—" if r.get("speedup") is None else f"{f(r['speedup'], '.2f')}x"
+        lines.append(f"| {r['variant']} | {rate:,.0f} | {speedup} | {f(r['step_ms'], '.1f')} | "
                      f"{f(r['peak_mem_gib'], '.2f')} | {f(r.get('mem_saving'), '.0%')} | {f(r['compile_s'], '.1f')} | "
                      f"{f(r['final_loss'], '.4f')} | {f(r['val_loss'], '.4f')} | {f(r['val_acc'], '.2%')} | "
                      f"{md_cell(r.get('verdict', ''))} |")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -107,7 +108,7 @@ def _describe(v: Any) -> str:
         return f"a numpy {v.dtype} array of shape {v.shape}"
     if v is None:
         return "None"
-    if isinstance(v, dict):
+    if isinstance(v, Mapping):
         return f"a dict with keys {list(v)[:6]}"
     if isinstance(v, (tuple, list)):
         return f"a {type(v).__name__} of {len(v)} {'item' if len(v) == 1 else 'items'}"
@@ -136,11 +137,24 @@ def check_model(model: Any, names: Names = Names()) -> None:
         n = sum(1 for _ in model.parameters())
         raise UserError(f"{names.model}: the model has no trainable parameters ({n} parameters, none with "
                         f"requires_grad): give it layers or nn.Parameters to train, or unfreeze them")
+    _say_frozen(model)
     sparse = [name or type(m).__name__ for name, m in model.named_modules()
               if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
     if sparse:  # else the first step dies inside torch: the gradient clip, AdamW and DDP take dense gradients only
         raise UserError(f"{names.model}: sparse=True in {', '.join(sparse[:3])}, whose sparse gradients turbotrain's "
                         f"gradient clipping, optimizers and DDP/FSDP cannot take; build it with sparse=False")
+
+
+def _say_frozen(model: nn.Module) -> None:
+    """Parameters with requires_grad=False (a frozen encoder, embeddings) are left out of the optimizer: said,
+    with how many, as a model that trains a part of itself only by mistake would show nothing else."""
+    frozen = [(n, p.numel()) for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        from turbotrain.log import say
+
+        total = sum(p.numel() for p in model.parameters())
+        say(f"model: {sum(n for _, n in frozen):,} of {total:,} parameters are frozen (requires_grad=False, "
+            f"{len(frozen)} tensors, e.g. {frozen[0][0]}): they are not trained")
 
 
 # ---------------------------------------------------------------- the data: first item and first batch
@@ -155,7 +169,7 @@ def _tensor_like(v: Any) -> bool:
 
 def check_item(item: Any, index: int, names: Names = Names()) -> None:
     """One dataset item must be an (inputs, targets) pair of tensors (numbers and numpy arrays collate too)."""
-    if isinstance(item, dict):  # data.name factories' dict items are mapped by data.datasets.map_dict_items
+    if isinstance(item, Mapping):  # data.name factories' dict items are mapped by data.datasets.map_dict_items
         from turbotrain.data.datasets import dict_item_keys
 
         keys = dict_item_keys(item, names.data, index)  # one line naming the keys when they do not map
@@ -461,6 +475,9 @@ def _hint(model: nn.Module, x: torch.Tensor) -> str:
     if x.is_floating_point() and x.dtype != p.dtype and not torch.is_autocast_enabled(x.device.type):
         return (f"; the inputs are {str(x.dtype)[6:]}, the model's weights {str(p.dtype)[6:]}: "
                 f"return {str(p.dtype)[6:]} inputs")
+    if not x.is_floating_point() and x.dim() == 3 and x.shape[1] == 1:  # tokenizer(text, return_tensors="pt")
+        return ("; each item's inputs are a batch of one row (1, length), as tokenizer(..., return_tensors='pt') "
+                "gives: return the row (enc['input_ids'][0]), or tokenize without return_tensors")
     if not x.is_floating_point() and not any(isinstance(m, nn.Embedding) for m in model.modules()):
         kind = "complex numbers" if x.is_complex() else "integers"
         return f"; the inputs are {str(x.dtype)[6:]} ({kind}) and the model has no embedding: return float inputs"

@@ -91,9 +91,12 @@ class Run:
             yield
         except NonFiniteLoss as e:
             part = next((p for b in micro_batches if (p := contract.nonfinite_part(b))), None)
+            which = "that step's batch"
+            if part is None and e.first is not None and e.first != step:  # NaN weights carry it on from there
+                part, which = self._nonfinite_at(e.first), f"the batch of step {e.first} (where it went non-finite)"
             if part is None:
                 raise
-            raise UserError(f"{str(e).split(';')[0]}, and that step's batch holds NaN/inf in its {part}: "
+            raise UserError(f"{str(e).split(';')[0]}, and {which} holds NaN/inf in its {part}: "
                             f"{self.names.data} gives non-finite values; clean the data") from None
         except (UserError, torch.OutOfMemoryError, MemoryError):
             raise
@@ -107,6 +110,13 @@ class Run:
                 except Exception:  # noqa: BLE001 - no verdict (e.g. the device is gone): the original stands
                     break
             raise
+
+    def _nonfinite_at(self, step: int) -> str | None:
+        """Which part of step `step`'s batch (read again) holds NaN/inf, or None (also when it cannot be read)."""
+        try:
+            return next((p for b in self.batches.read_step(step - 1) if (p := contract.nonfinite_part(b))), None)
+        except Exception:  # noqa: BLE001 - no verdict on the data: the non-finite stop stands as it was
+            return None
 
     def nonfinite_weights(self) -> str | None:
         """Which parameter holds NaN/inf (e.g. "e.g. fc.weight"), or None when every rank's are finite. A NaN
@@ -213,7 +223,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
     device = resolve_device(cfg.run.device)
     strategy = resolve_strategy(cfg.parallel.strategy, env.world_size)
     if strategy != "none":
-        device = init_distributed(env, device)
+        device = init_distributed(env, device, cfg)  # and refuses ranks started with different configs
     seed_all(cfg.run.seed)  # same seed on every rank: identical initial weights, one data permutation
     # the user's data and code run here first; the loop's watchdog is not running yet, so a read that blocks
     # forever is caught by one of its own (monitor.hang_timeout_s)

@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -49,6 +50,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
+from turbotrain.bench import Interrupted, interrupts
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
@@ -178,8 +180,10 @@ def tiny_op_share(events) -> float:
 
 
 def _in_f64(evt) -> bool:
-    """An op (or an autograd node, through the ops it ran) working on float64 tensors."""
-    return "double" in (getattr(evt, "input_dtypes", None) or []) or any(_in_f64(c) for c in evt.cpu_children)
+    """An op (or an autograd node, through the ops it ran) working on float64 tensors. A Python number in an op
+    (`h * 0.5`) reaches it as a 0-dim float64 input: a scalar, no float64 work, so only inputs of 1+ dims count."""
+    dtypes, shapes = getattr(evt, "input_dtypes", None) or [], getattr(evt, "input_shapes", None) or []
+    return any(d == "double" and s for d, s in zip(dtypes, shapes)) or any(_in_f64(c) for c in evt.cpu_children)
 
 
 def f64_share(events) -> float:
@@ -202,23 +206,35 @@ def _f64_tip(share: float) -> dict:
 
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# ops that read tensor values on the host: a scalar read, or an output whose size depends on the values (boolean
+# mask indexing and torch.where(cond) run nonzero): on a GPU each waits for the kernels queued before it, and on a
+# CPU it is the only trace the read leaves (no wait is recorded there)
+READS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere",
+         "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+         "aten::unique_dim_consecutive"}
 
 
 def host_reads(events, n_steps: int) -> float:
     """Reads of a tensor's value by the host per step inside forward and backward (`.item()`, `float(t)`,
-    `if t:` all end in `_local_scalar_dense`): on a GPU each waits for every kernel queued before it. On a GPU
-    the waits themselves are counted too (`.cpu()`, `.tolist()`, `.numpy()`, `print(t)` copy to pageable memory
-    and wait, without a scalar read), and the larger count is taken: each scalar read is one such wait."""
+    `if t:` all end in `_local_scalar_dense`; `t[mask]`, torch.nonzero, torch.unique size their output by the
+    values): on a GPU each waits for every kernel queued before it. On a GPU the waits themselves are counted
+    too (`.cpu()`, `.tolist()`, `.numpy()` copy to pageable memory and wait, without a read op), and the larger
+    count is taken: each read is one such wait."""
     inside = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
               and _phase_of(e) in ("forward", "backward")]
-    reads = sum(1 for e in inside if e.name in ("aten::_local_scalar_dense", "aten::item") and not _read_inside_read(e))
+    reads = sum(1 for e in inside if e.name in READS and not _read_inside_read(e))
     waits = sum(1 for e in inside if e.name in SYNCS)
     return max(reads, waits) / max(1, n_steps)
 
 
 def _read_inside_read(e) -> bool:
-    p = e.cpu_parent  # aten::item calls _local_scalar_dense: one read, not two
-    return p is not None and p.name == "aten::item"
+    """One read, however many read ops it runs (aten::item calls _local_scalar_dense, t[mask] calls nonzero)."""
+    p = e.cpu_parent
+    while p is not None:
+        if p.name in READS:
+            return True
+        p = p.cpu_parent
+    return False
 
 
 def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dict, list[dict]]:
@@ -237,30 +253,7 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
             elif name in per:
                 per[name] += e.cpu_time_total / 1e6
     if on_gpu:
-        comm, compute = [], []
-        kernels = [e for e in device_evts if not _is_annotation(e)]
-        unattributed = 0.0
-        for e, ph in zip(kernels, _kernel_phases(events, device_evts, kernels)):
-            span = (e.time_range.start, e.time_range.end)
-            if op_class(e.name) == "communication":
-                comm.append(span)
-                continue
-            compute.append(span)
-            if "memcpy htod" in e.name.lower():
-                per["h2d_copy"] += (span[1] - span[0]) / 1e6
-                continue
-            if ph in ("forward", "backward", "optimizer"):
-                per[ph] += (span[1] - span[0]) / 1e6
-            # kernels launched outside a phase (e.g. the resident-data gather) count as data work
-            elif ph == "data":
-                per["h2d_copy"] += (span[1] - span[0]) / 1e6
-            else:
-                unattributed += (span[1] - span[0]) / 1e6
-        comm_u = _intervals_union(comm)
-        per["exposed_comm"] = (sum(b - a for a, b in comm_u) - _overlap(comm_u, _intervals_union(compute))) / 1e6
-        if unattributed > 0.05 * sum(per.values()):
-            say(f"profile: {unattributed / n_steps * 1e3:.2f} ms/step of kernels could not be tied to a phase; "
-                "they count as host overhead")
+        _device_parts(events, device_evts, per, n_steps)
     per = {k: v / n_steps for k, v in per.items()}
     measured = sum(v for k, v in per.items() if k != "host_overhead")
     per["host_overhead"] = max(0.0, step_wall_s - measured)
@@ -276,6 +269,43 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
     top = [{"name": k[:120], "class": op_class(k), "ms_per_step": v / 1e3 / n_steps, "share_of_op_time": v / total}
            for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:15]]
     return per, top
+
+
+def _device_parts(events, device_evts, per: dict, n_steps: int) -> None:
+    """On a GPU, each phase's kernel time added to `per` (seconds over all steps). Communication and host→device
+    copies run beside compute on streams of their own: only their part that nothing else covers is the step's
+    (the loader copies the next batch while this one computes, and the host waits in the data range meanwhile),
+    else the parts would sum past the step's wall time and call an overlapped copy a data stall."""
+    comm, copies, compute = [], [], []
+    kernels = [e for e in device_evts if not _is_annotation(e)]
+    unattributed = 0.0
+    for e, ph in zip(kernels, _kernel_phases(events, device_evts, kernels)):
+        span = (e.time_range.start, e.time_range.end)
+        if op_class(e.name) == "communication":
+            comm.append(span)
+        elif "memcpy htod" in e.name.lower():
+            copies.append(span)
+        else:
+            compute.append(span)
+            if ph in ("forward", "backward", "optimizer"):
+                per[ph] += (span[1] - span[0]) / 1e6
+            # kernels launched outside a phase (e.g. the resident-data gather) count as data work
+            elif ph == "data":
+                per["h2d_copy"] += (span[1] - span[0]) / 1e6
+            else:
+                unattributed += (span[1] - span[0]) / 1e6
+    waits = [(e.time_range.start, e.time_range.end) for e in events if e.name == phases.PREFIX + "data"]
+    per["h2d_copy"] += _exposed(copies, compute + waits) / 1e6
+    per["exposed_comm"] = _exposed(comm, compute + copies) / 1e6
+    if unattributed > 0.05 * sum(per.values()):
+        say(f"profile: {unattributed / n_steps * 1e3:.2f} ms/step of kernels could not be tied to a phase; "
+            "they count as host overhead")
+
+
+def _exposed(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """The time `spans` take that `cover` does not."""
+    u = _intervals_union(spans)
+    return sum(b - a for a, b in u) - _overlap(u, _intervals_union(cover))
 
 
 def _rec(keys: str, why: str, share: float) -> dict:
@@ -481,9 +511,10 @@ def describe(shares: dict, tiny: float = 0.0) -> str:
 def _reads_tip(reads: float, share: float) -> dict:
     # CUDA graphs cannot capture a read either: the capture fails on the sync, so that advice is dropped with it
     return _tip("remove the host reads from the model and the loss", f"forward and backward read {reads:.0f} tensor "
-                "value(s) per step on the host (.item(), float(t), `if t:`): on a GPU each waits for every kernel "
-                "queued before it, anywhere each is a Python round trip; keep such values as tensors, or read them "
-                "every train.log_every steps in a callback", share)
+                "value(s) per step on the host (.item(), float(t), `if t:`, t[mask], torch.nonzero/unique): on a GPU "
+                "each waits for every kernel queued before it, anywhere each is a Python round trip; keep such values "
+                "as tensors (torch.where(mask, t, 0) for t[mask]), or read them every train.log_every steps in a "
+                "callback", share)
 
 
 def _tiny_advice(run: Run, compute: float) -> list[dict]:
@@ -522,12 +553,16 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
     else:
         kind, recs = "compute-bound", []
     if kind.startswith("host") and reads >= 1:  # the host waits on itself: no config key removes a read
-        recs = [_reads_tip(reads, recs[0]["evidence_share"]), *(r for r in recs if "reduce-overhead" not in r["set"])]
+        recs = [_reads_tip(reads, recs[0]["evidence_share"]), *recs]
     # then the other parts large enough to matter, largest first; compute-side advice last, whatever the verdict
     limits = {**STALLS, "optimizer": OPTIMIZER_SECONDARY}
     for other in sorted(limits, key=lambda k: -g[k]):
         if other != part and g[other] >= limits[other]:
             recs += advice[other](run, g[other])
+    if reads >= 1:  # whatever bounds this step, each read is a sync on a GPU, and CUDA graphs cannot capture one
+        recs = [r for r in recs if "reduce-overhead" not in r["set"]]
+        if not kind.startswith("host"):
+            recs.append(_reads_tip(reads, g["host"]))
     if f64 >= F64_SHARE:  # first among the compute levers: no config key turns float64 off
         recs.append(_f64_tip(f64))
     if not on_gpu and tiny >= TINY_BOUND:  # under any verdict, compute in tiny ops has the host's levers
@@ -542,10 +577,23 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
 
 
 MAX_ACTIVE = 200  # the profiler holds every event of the profiled steps in memory until the report
+MIN_STEADY = 3  # fewer profiled steps get a note: too few for a median to stand against one slow step
 
 
 def run_profile(cfg: Config, active: int = 5, warmup: int = 2, wait: int = 1) -> dict:
-    """Profile `cfg`'s workload; writes {run_dir}/profile/{trace.json.gz, report.json, report.md}."""
+    """Profile `cfg`'s workload; writes {run_dir}/profile/{trace.json.gz, report.json, report.md}. On SIGTERM or
+    Ctrl-C: the scratch folder and half-written files are removed, one `error:` line, exit 128 + the signal
+    (SIGTERM's default would end the process with them left in the run's folder and nothing said)."""
+    with interrupts():
+        try:
+            return _run_profile(cfg, active, warmup, wait)
+        except Interrupted as e:
+            print(f"error: {e} during profile; no report was written (an earlier one is left as it was); rerun "
+                  "the same command", file=sys.stderr, flush=True)
+            raise SystemExit(128 + e.signum) from None
+
+
+def _run_profile(cfg: Config, active: int, warmup: int, wait: int) -> dict:
     if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= MAX_ACTIVE:
         raise UserError(f"--active must be an integer from 1 to {MAX_ACTIVE} (profiled steps), not {active!r}")
     n_warm = 3 if cfg.compile.enabled else 1
@@ -810,6 +858,10 @@ def _loop_rec(what: str, work: dict, step_s: float, share: float) -> dict:
 def _notes(run: Run, bad: int, steps: int) -> list[str]:
     """What the breakdown does not show, each also said as a warning."""
     notes = []
+    if steps < MIN_STEADY:  # a single step's time moves with the machine's load, and a verdict with it
+        notes.append(f"only {steps} profiled step(s): a step's time varies with the machine's load (another process, "
+                     f"a collector pause), and the verdict can change with it; profile {MIN_STEADY + 2} or more "
+                     f"(--active {MIN_STEADY + 2})")
     if bad:  # a diverged model's timings are real but not the ones the healthy model will have
         notes.append(f"the loss was non-finite in the profiled steps: these are timings of a diverged model ({bad} "
                      f"of {steps} steps; NaN/inf values can take other kernel paths); fix the divergence first")

@@ -90,10 +90,21 @@ def _jsonl(path: Path, step_key: bool = False, live: bool = False) -> tuple[list
                 bad += bool(line.strip())  # a blank line held nothing to lose
                 continue
             if isinstance(obj, dict) and (not step_key or "step" not in obj or _finite(obj["step"])):
-                out.append(obj)
+                out.append(_restored(obj))
             else:
                 bad += 1
     return out, bad
+
+
+def _restored(obj: dict) -> dict:
+    """A record with the NaN/inf values that strict JSON holds as null put back, as its "nonfinite" marks name them
+    (rundir.finite_json): a run stopped by a NaN loss reads as one, not as one whose loss went unlogged."""
+    marks = obj.pop("nonfinite", None)
+    if isinstance(marks, dict):
+        for k, v in marks.items():
+            if k in obj and obj[k] is None and v in ("NaN", "Infinity", "-Infinity"):
+                obj[k] = float(v)
+    return obj
 
 
 def _json(run_dir: Path, name: str, damaged: list[str]) -> dict | None:
@@ -109,7 +120,7 @@ def _json(run_dir: Path, name: str, damaged: list[str]) -> dict | None:
     if not isinstance(obj, dict):
         damaged.append(name)
         return None
-    return obj
+    return _restored(obj)
 
 
 def run_path(run_dir: str | os.PathLike) -> Path:
@@ -341,7 +352,7 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              f"| last step | {_fmt(last.get('step'))} |",
              f"| final loss | {_fmt(s.get('final_loss', last.get('loss')))} |",
              f"| val loss | {val_loss_text(run)} |",
-             f"| samples/s (timed region) | {_fmt(s.get('samples_per_s'))} |",
+             f"| samples/s (timed region{_attempt(s)}) | {_fmt(s.get('samples_per_s'))} |",
              f"| tokens/s | {_fmt(s.get('tokens_per_s'))} |", f"| MFU | {_fmt(s.get('mfu'))} |",
              f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
              f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
@@ -350,6 +361,12 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              *[f"- **{note}**" for note in notes], *([""] if notes else []),
              *_alert_lines(run)]
     return "\n".join(lines) + "\n"
+
+
+def _attempt(summary: dict) -> str:
+    """Which steps summary.json's speeds are of: a resumed run's are of its last attempt's steps alone."""
+    start = summary.get("resumed_from")
+    return f", steps after the resume at {_fmt(start)}" if _finite(start) and start > 0 else ""
 
 
 def skipped_text(run: RunFiles) -> str | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import socket
 import sys
@@ -293,8 +294,41 @@ class RunDir:
             except ValueError:  # a line cut short by a crash mid-write, or damaged bytes
                 continue
             if isinstance(row, dict) and isinstance(row.get("step", 0), (int, float)) and row.get("step", 0) <= step:
-                kept.append(line.decode())
+                kept.append(strict_json(row))  # strict JSON again: an older run's rows may hold a bare NaN
         write_run_file(path, "".join(r + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------- strict JSON
+
+def finite_json(obj: dict) -> dict:
+    """`obj` as strict JSON holds it: every NaN/inf float (at any depth) becomes null, and the top-level ones are
+    named in "nonfinite" (`{"loss": null, "nonfinite": {"loss": "NaN"}}`), so a reader (report and watch: see
+    report._restored) still tells a loss that went NaN from one not logged. Python's json would write a bare `NaN` or
+    `Infinity`, which jq, JavaScript and strict parsers refuse: one such row would make the whole file unreadable."""
+    marks = {k: _spelling(v) for k, v in obj.items() if isinstance(v, float) and not math.isfinite(v)}
+    out = {k: _nulled(v) for k, v in obj.items()}
+    if marks:
+        out["nonfinite"] = marks
+    return out
+
+
+def strict_json(obj: dict, indent: int | None = None) -> str:
+    """A JSON object of a run file (metrics.jsonl, alerts.jsonl, summary.json, a webhook's body), strict: no NaN/inf."""
+    return json.dumps(finite_json(obj), indent=indent, allow_nan=False)
+
+
+def _spelling(v: float) -> str:
+    return "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"  # what float() reads back
+
+
+def _nulled(v):
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _nulled(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_nulled(x) for x in v]
+    return v
 
 
 # ---------------------------------------------------------------- multi-node: one run directory for all ranks

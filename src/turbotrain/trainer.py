@@ -7,7 +7,6 @@ Usage (Python API, same as the CLI):
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -23,12 +22,12 @@ from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
 from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns, rng_kept
-from turbotrain.distributed.env import DistEnv, all_mean, shutdown
+from turbotrain.distributed.env import DistEnv, LaggedVote, all_mean, shutdown
 from turbotrain.export import write_final
 from turbotrain.log import Heartbeat, is_rank0, say
 from turbotrain.monitor.run_monitor import RunMonitor
 from turbotrain.prepare import Run, check_config, prepare, process_state_kept
-from turbotrain.rundir import write_run_file
+from turbotrain.rundir import strict_json, write_run_file
 from turbotrain.step import EvalFailed, evaluate, first_train_step, train_step
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
             run = prepare(cfg, model, train_data, val_data, loss_fn)  # Ctrl-C here interrupts at once: nothing saved
             hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
             # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
-            stop = StopRequest(saves=bool(run.cfg.checkpoint.every))
+            stop = StopRequest(saves=bool(run.cfg.checkpoint.every), ranks=run.env.world_size)
             with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
                 return _train(run, hooks, metrics, stop, t_start)
         finally:
@@ -104,14 +103,14 @@ def _summary(run: Run, monitor: RunMonitor, done: int, t_start: float) -> dict:
         say(f"compile: {summary['compile_s']:.1f} s; FX graphs: {summary['fxgraph_cache_hit']} from the cache, "
             f"{summary['fxgraph_cache_miss']} compiled")
     if run.env.is_main:
-        write_run_file(run.rundir.path / "summary.json", json.dumps(summary, indent=2))
+        write_run_file(run.rundir.path / "summary.json", strict_json(summary, indent=2))
     return summary
 
 
 def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: StopRequest) -> int:
     """Steps from the start (or resumed) step to train.steps; returns the last step done."""
     t, tr, every, done = run.cfg.train, run.trainee, run.cfg.checkpoint.every, run.start_step
-    d = run.cfg.data
+    d, vote = run.cfg.data, LaggedVote(tr.device) if run.env.world_size > 1 else None
     defer = monitor.can_defer and not hooks.reads_rows()  # a callback's on_log sees the row at its own step
     tr.model.train()
     for step in range(run.start_step, t.steps):
@@ -152,7 +151,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
                 hooks.call("on_eval_end", done, loss=row["loss"])
         # at the last step the run ends as a finished one (end checkpoint, final/, summary): a stop there would
         # leave no final/, and the rerun it asks for would find nothing left to train
-        if done < t.steps and _agreed_stop(stop, run, check=is_log or run.env.world_size == 1):
+        if done < t.steps and _agreed_stop(stop, vote):
             _write_deferred(run, monitor, hooks)
             saved = bool(every) and _finite(run, loss, grad_norm)  # a NaN checkpoint would be the one resumed
             if saved:
@@ -208,17 +207,15 @@ def _finite(run: Run, loss, grad_norm) -> bool:
     return ok
 
 
-def _agreed_stop(stop: StopRequest, run: Run, check: bool) -> bool:
-    """Single process: stop after the current step. Several ranks agree at log steps (a collective per
-    step would cost a sync each step), so all of them save the same step."""
-    if run.env.world_size == 1:
+def _agreed_stop(stop: StopRequest, vote: LaggedVote | None) -> bool:
+    """Single process: stop after the current step. Several ranks agree each step, a step late (LaggedVote: no
+    sync), so that all of them save the same step whatever train.log_every."""
+    if vote is None:
         return stop.signum != 0
-    if not check:
-        return False
-    flag = all_mean([float(stop.signum)], run.trainee.device)[0]
-    if flag and not stop.signum:
+    agreed = vote.step(bool(stop.signum))
+    if agreed and not stop.signum:
         stop.signum = signal.SIGTERM
-    return flag != 0
+    return agreed
 
 
 class StopRequest:
@@ -227,8 +224,8 @@ class StopRequest:
     Until the first step is done (`at_once`) a signal stops at once: that step compiles, for minutes on a CPU, and
     nothing this process trained would be saved by waiting for it."""
 
-    def __init__(self, saves: bool = True):
-        self.signum, self.saves, self.at_once = 0, saves, True
+    def __init__(self, saves: bool = True, ranks: int = 1):
+        self.signum, self.saves, self.at_once, self.ranks = 0, saves, True, ranks
         self._old = {}
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             # a handler installed outside Python (an embedding host) reads as None and cannot be put back: kept
@@ -246,7 +243,8 @@ class StopRequest:
             raise KeyboardInterrupt
         if not self.signum:  # a long step or evaluation is silent until it ends: say what comes
             then = "saving and exiting" if self.saves else "exiting (checkpoint.every=0: nothing is saved)"
-            _say_now(f"{signal.Signals(signum).name}: finishing this step, then {then} (Ctrl-C again: stop at once, "
+            steps = "this step" if self.ranks == 1 else "this step and the next (the ranks agree where to stop)"
+            _say_now(f"{signal.Signals(signum).name}: finishing {steps}, then {then} (Ctrl-C again: stop at once, "
                      "without saving this step)")
         self.signum = signum
 

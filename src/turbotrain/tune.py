@@ -137,8 +137,18 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
                 "reason": None if s.get("samples_per_s") else "no timed steps"}
     if rc == 124:
         return {**out, "status": "timeout", "reason": "killed: it ran past the budget's time for it"}
+    if rc < 0 or rc == 128 + 9:  # ended by a signal: it wrote no error line, its log ends mid-run
+        import signal
+
+        num = -rc if rc < 0 else 9
+        name = signal.Signals(num).name if num in set(signal.Signals) else f"signal {num}"
+        if num == signal.SIGKILL:  # tune sends none (its kills end in 124): mostly the kernel out of memory
+            return {**out, "status": "oom", "reason": f"exit {rc}: killed by SIGKILL, most often the kernel's "
+                    "out-of-memory killer: the host ran out of memory"}
+        return {**out, "status": "error", "reason": f"exit {rc}: killed by {name} (a crash: see the trial's log)"}
     reason = _failure(log) or f"exit {rc}"
-    status = "oom" if "out of memory" in reason.lower() else "error"
+    # under torchrun a rank killed by SIGKILL (the kernel's OOM killer, as above) ends torchrun with exit 1
+    status = "oom" if "out of memory" in reason.lower() or "sigkill" in reason.lower() else "error"
     return {**out, "status": status, "reason": f"exit {rc}: {reason}"}
 
 
@@ -290,7 +300,8 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
     picked: dict[str, dict] = {}
     for t in [*[x for x in ok if x["config"]][:2], *[x for x in ok if not x["config"]]]:  # the input last
         picked.setdefault(_key(t["config"]), {"id": t["id"], "label": t["label"], "config": t["config"],
-                                              "rates": [t["samples_per_s"]], "trial": t})
+                                              "rates": [t["samples_per_s"]], "rounds": [t["samples_per_s"]],
+                                              "trial": t})
     fins = search.finals = list(picked.values())
     for r in range(repeats if len(fins) > 1 else 0):
         for f in fins:
@@ -301,6 +312,7 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
                 f"{budget.left() / 60:.1f} min left")
             res = run(f"{f['id']}-r{r + 1}", f["config"], budget.left(),
                       f"tune: finalist {f['label']} ({r + 1}/{repeats})")
+            f["rounds"].append(res.get("samples_per_s"))  # None: a failed re-run; the rounds stay aligned
             if res.get("samples_per_s"):
                 f["rates"].append(res["samples_per_s"])
     return _rank(fins)
@@ -313,16 +325,41 @@ def _rank(fins: list[dict]) -> list[dict]:
     return sorted(fins, key=lambda f: -f["median_samples_per_s"])
 
 
-def choose(fins: list[dict]) -> tuple[dict | None, dict | None]:
-    """(winner, baseline finalist): the fastest median, unless it beats the input config by noise only."""
+def choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
+    """(winner, baseline finalist, what noise decided): the fastest median, unless it beats the input config by
+    noise only; of two finalists within noise of each other, the one with fewer changes (the extra ones
+    measured nothing)."""
     base = next((f for f in fins if not f["config"]), None)
     if not fins:
-        return None, base
-    top = fins[0]
-    if (base is not None and top is not base
-            and top["median_samples_per_s"] < base["median_samples_per_s"] * (1 + FINAL_GAIN)):
-        return base, base
-    return top, base
+        return None, base, None
+    top, note = fins[0], None
+    runner = next((f for f in fins[1:] if f is not base), None)
+    if top is not base and runner is not None and not _beats(top, runner):
+        note = f"{top['label']} ({_runs(top)}) and {runner['label']} ({_runs(runner)}) are within noise of each other"
+        if len(runner["config"]) < len(top["config"]):
+            top, note = runner, f"{note}: the one with fewer changes is kept"
+    if base is not None and top is not base and not _beats(top, base):
+        return base, base, (f"{top['label']} ({_runs(top)}) is within the noise of the input config ({_runs(base)}): "
+                            f"it must be faster by more than {FINAL_GAIN:.0%} by median, in every round of runs, "
+                            "and in each of its runs than the input config's median")
+    if top is not base and len(top["rates"]) < 2:
+        once = f"{top['label']} was measured once (--repeats 0, or no budget left to re-run it): its noise is unknown"
+        note = f"{note}; {once}" if note else once
+    return top, base, note
+
+
+def _beats(a: dict, b: dict) -> bool:
+    """`a` faster than `b` beyond noise: its median by more than FINAL_GAIN, in every round both ran (a round runs
+    the finalists back to back, so a drifting machine moves them alike), and in each of its own runs than `b`'s
+    median (a run `b` has no partner for, its round cut by the budget or a failed re-run, still counts)."""
+    pairs = [(x, y) for x, y in zip(a.get("rounds", a["rates"]), b.get("rounds", b["rates"])) if x and y]
+    floor = b["median_samples_per_s"]
+    return (a["median_samples_per_s"] > floor * (1 + FINAL_GAIN) and all(x > y for x, y in pairs)
+            and all(r > floor for r in a["rates"]))
+
+
+def _runs(f: dict) -> str:
+    return "runs " + ", ".join(f"{r:,.1f}" for r in f["rates"]) + " samples/s"
 
 
 def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int, budget: Budget,
@@ -433,6 +470,8 @@ class Tuning:
         say(f"tune: probing {self.config or DEFAULT_PRESET} (data and model on the CPU) …")
         self.probe, self.eff = probe_workload(cfg, self.nproc)
         probe = self.probe
+        if probe.micro_batch_math:
+            say(f"tune: micro-batch x accumulation not searched: {probe.micro_batch_math}; it would change the math")
         if allow_fp8 and not probe.fp8:
             say("tune: --allow-fp8: FP8 does not apply here (it needs an sm89+ GPU, bf16 and torchao); not searched")
         run = TrialRunner(self.config, self.overrides, self.tune_dir, self.nproc)
@@ -448,13 +487,15 @@ class Tuning:
         search.explore(dimensions(probe))
         self.phase = "the finalists' re-runs"
         fins = finalists(search, repeats, budget, run, keep_s=budget.checks_s)
-        winner, base = choose(fins)
+        winner, base, noise = choose(fins)
+        if noise:
+            say(f"tune: {noise}")
         conv = None
         if converge and winner is not None:
             self.phase = "the convergence check"
             winner, conv = converge_check(winner, base, fins, cfg.train.steps, budget, run)
         self.phase = "writing the report"
-        result = self.result(fins, winner, base, conv)
+        result = {**self.result(fins, winner, base, conv), "noise": noise}
         write_outputs(self.tune_dir, result)
         self.written = True
         if winner is None:

@@ -5,7 +5,6 @@ Usage: `write_outputs(Path("runs/NAME/tune"), result)` with the dict `tune.run_t
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from turbotrain.config import _toml_key, _toml_value, apply_override, config_path
 from turbotrain.files import make_dir
 from turbotrain.log import say
-from turbotrain.rundir import write_run_file
+from turbotrain.rundir import strict_json, write_run_file
 from turbotrain.tune_space import NUMERICS_KEYS
 
 
@@ -39,6 +38,9 @@ def write_outputs(tune_dir: Path, result: dict) -> None:
     say(f"tune: train with the result: {result['command']}")
     if result["numerics"]:
         say(f"warning: {result['numerics']}")
+    if not result["winner"]["changes"] and unchanged(result).startswith("no configuration"):
+        say(f"warning: tune: {unchanged(result)}; tuned.toml is the input config; give it more minutes "
+            "(--budget-min) or fix what failed")
 
 
 def numerics_note(result: dict) -> str | None:
@@ -55,13 +57,22 @@ def numerics_note(result: dict) -> str | None:
             "curve will differ slightly; check it with tune --converge, or bench --converge")
 
 
+def unchanged(result: dict) -> str:
+    """Why the winner is the input config: no other configuration was measured at all, or none beat it beyond
+    noise (said apart: the first compared nothing)."""
+    if not any(t["tried"] and t.get("samples_per_s") for t in result["trials"]):
+        return ("no configuration but the input config was measured (every candidate was skipped or failed: see "
+                "tune.md); nothing was compared")
+    return result.get("noise") or "nothing measured faster than the input config beyond noise"
+
+
 def _write_record(tune_dir: Path, result: dict) -> None:
     png, tmp = tune_dir / "tune.png", tune_dir / ".tune.png.tmp"
     plot(result, tmp)
     os.replace(tmp, png)
     table = format_table(result)
     write_run_file(tune_dir / "tune.md", table + "\n")
-    write_run_file(tune_dir / "tune.json", json.dumps(result, indent=2))
+    write_run_file(tune_dir / "tune.json", strict_json(result, indent=2))
     print(table)
 
 
@@ -71,10 +82,15 @@ def _extends(config: str) -> str:
 
 
 def _effects(result: dict) -> dict[str, str]:
-    """Each changed key → the measured effect of the trial that brought it in."""
+    """Each changed key → the measured effect of the trial that brought it in: of the trials kept as the best,
+    those on the winner's own path (their whole configuration is in the winner's); a later best that set the same
+    key elsewhere measured another configuration."""
+    w = result["winner"] or {}
+    win = next((t["config"] for t in result["trials"] if t.get("id") == w.get("trial")), w.get("changes", {}))
     out = {}
     for t in result["trials"]:
-        if t["status"] != "ok" or not t["tried"]:
+        path = t.get("config", t["tried"])
+        if t["status"] != "ok" or not t["tried"] or any(k not in win or win[k] != v for k, v in path.items()):
             continue
         effect = f"{t['gain']:.2f}x over the best before it" if t.get("gain") else "first configuration that ran"
         for key, value in t["tried"].items():
@@ -101,7 +117,7 @@ def tuned_toml(result: dict) -> str:
     for key in (k for k in changes if k in NUMERICS_KEYS) if note else ():  # said where the change is
         comments[key] += f"; {note}"
     if not changes:
-        head = "nothing measured faster than the input config beyond noise: it is kept unchanged"
+        head = f"{unchanged(result)}: it is kept unchanged"
     else:
         speed = (f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup")
                  else "the input config did not run")
@@ -138,8 +154,9 @@ def format_table(result: dict) -> str:
     unit = "tok/s" if any(t.get("tokens_per_s") for t in result["trials"]) else "samples/s"
     lines = [f"Device: {result['device']}, torch {result['torch']}, world size {result['world_size']}, "
              f"{result['trial_steps']} steps a trial, {result['elapsed_min']:.1f} of {result['budget_min']:g} min",
-             *_partial(result), "", "Trials (one screening run each; `x t00`: its throughput over the input config's "
-             "screening trial t00, the same kind of run):", "",
+             *_partial(result), *_not_searched(result), "",
+             "Trials (one screening run each; `x t00`: its throughput over the input config's screening trial t00, "
+             "the same kind of run):", "",
              f"| trial | dimension | tried | {unit} | x t00 | peak GiB | compile s | status |",
              "|---|---|---|---|---|---|---|---|"]
     for t in result["trials"]:
@@ -158,6 +175,8 @@ def format_table(result: dict) -> str:
         lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config "
                      f"(finalists' medians); changes: "
                      f"{', '.join(f'{k}={_toml_value(v)}' for k, v in w['changes'].items()) or 'none'}")
+    if w is not None and (result.get("noise") or not w["changes"]):
+        lines.append(f"\n**Note:** {result.get('noise') or unchanged(result)}.")
     if result.get("numerics"):
         lines.append(f"\n**Numerics:** {result['numerics']}.")
     if result.get("converge"):
@@ -165,6 +184,12 @@ def format_table(result: dict) -> str:
     if result.get("command"):
         lines.append(f"\nTrain with: `{result['command']}`")
     return "\n".join(lines)
+
+
+def _not_searched(result: dict) -> list[str]:
+    """What the probe kept out of the search because it would change the math, and why."""
+    why = (result.get("probe") or {}).get("micro_batch_math")
+    return ["", f"Not searched: micro-batch x accumulation, as {why}; it would change the math."] if why else []
 
 
 def _partial(result: dict) -> list[str]:

@@ -67,6 +67,7 @@ class Probe:
     fp8_head: bool = False  # ... and precision.fp8_head, and the model's output layer can be converted
     attention_backends: tuple[str, ...] = ()  # explicit SDPA backends this GPU runs
     hsdp_shards: tuple[int, ...] = ()  # HSDP shard-group sizes (1 < size < world) the resolver accepts
+    micro_batch_math: str | None = None  # why a micro-batch change would change the math (None: it would not)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def probe_workload(cfg: Config, nproc: int = 1) -> tuple[Probe, Config]:
                   has_attention=on_gpu and _uses_sdpa(model, train_ds), in_memory=facts.in_memory_bytes is not None,
                   cpus=facts.cpus, builtin_optimizer=eff.train.optimizer in OPTIMIZERS,
                   static_bytes=n_params * (8 + OPT_STATE_BYTES.get(eff.train.optimizer, 8)),
-                  capacity_bytes=_capacity(device, nproc), **levers(cfg, eff, facts, model))
+                  capacity_bytes=_capacity(device, nproc),
+                  micro_batch_math=micro_batch_math(model, train_ds, cfg), **levers(cfg, eff, facts, model))
     return probe, eff
 
 
@@ -199,6 +201,59 @@ def _accepts(cfg: Config, facts, changes: dict[str, Any]) -> bool:
     except UserError:
         return False
     return True
+
+
+def micro_batch_math(model: nn.Module, ds, cfg: Config) -> str | None:
+    """Why splitting the global batch into other micro-batches would change the math, or None. The global batch
+    is kept, so the math is kept only where each sample's output ignores the rest of its micro-batch and the
+    loss is a mean over the samples (train divides each micro-batch's loss by the accumulation). BatchNorm
+    breaks the first by design; a user model or loss can break either (a batch mean in forward, in-batch
+    negatives, a summed loss): measured on two 2-sample batches that share their first sample."""
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return "the model has BatchNorm (its statistics are the micro-batch's)"
+    if ":" not in cfg.model.name + cfg.train.loss:  # built-in models and losses are per sample (BatchNorm aside)
+        return None
+    try:
+        return _coupling(model, ds, cfg.train.loss)
+    except Exception:  # noqa: BLE001 - a probe only: a model that cannot run this way is for the trials to report
+        return None
+
+
+def _coupling(model: nn.Module, ds, loss_name: str) -> str | None:
+    from torch.utils.data import default_collate
+
+    from turbotrain.losses import resolve_loss
+
+    loss_fn = resolve_loss(loss_name)
+    if len(ds) < 3:
+        return None
+    (x, y), x2 = default_collate([ds[0], ds[1]]), default_collate([ds[0], ds[len(ds) - 1]])[0]
+    model.train()
+    for m in model.modules():  # the same masks either way: dropout is per element, never across samples
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.eval()
+
+    def run(*args):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            return model(*args)
+
+    def close(a, b) -> bool:
+        return torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-5, equal_nan=True)
+
+    if loss_fn is None:  # the model returns the loss of (x, y): a pair's must be the mean of its samples'
+        whole, parts = run(x, y), [run(x[i:i + 1], y[i:i + 1]) for i in (0, 1)]
+        return None if close(whole, (parts[0] + parts[1]) / 2) else \
+            "the model's own loss is not the mean of its samples' losses (a sum, or a batch statistic)"
+    out, out2 = run(x), run(x2)
+    if not (isinstance(out, torch.Tensor) and out.dim() and out.shape[0] == 2):
+        return None
+    if not close(out[0], out2[0]):
+        return "each sample's output depends on the other samples of its micro-batch (a batch statistic in forward)"
+    halves = (loss_fn(out[:1], y[:1]) + loss_fn(out[1:], y[1:])) / 2
+    return None if close(loss_fn(out, y), halves) else \
+        f"train.loss = {loss_name!r} is not a mean over the samples (a sum, or a batch statistic): it follows the " \
+        "micro-batch"
 
 
 def _sdpa_backends(device: torch.device) -> tuple[str, ...]:
@@ -263,8 +318,8 @@ def _only_new(ctx: Ctx, cands: list[Candidate]) -> list[Candidate]:
 
 def _precision(ctx: Ctx) -> list[Candidate]:
     p = ctx.probe
-    if not p.on_gpu:  # CPU autocast is usually slower: one trial says so cheaply
-        return _only_new(ctx, [Candidate("bf16", {"precision.dtype": "bf16"})])
+    if not p.on_gpu:  # CPU autocast is usually slower: one trial says so cheaply (or, from bf16, that fp32 is faster)
+        return _only_new(ctx, [Candidate(n, {"precision.dtype": n}) for n in ("bf16", "fp32")])
     names = (["bf16"] if p.bf16 else []) + ["tf32"] + (["fp16"] if not p.bf16 or ctx.allow_fp16 else [])
     return _only_new(ctx, [Candidate(n, {"precision.dtype": n}) for n in names])
 
@@ -302,6 +357,8 @@ def _compile(ctx: Ctx) -> list[Candidate]:
         cands.insert(0, Candidate("compile + CUDA graphs", _compile_changes("reduce-overhead", "model"), compile=True))
     if p.has_blocks:
         cands.append(Candidate("compile per block", _compile_changes("default", "blocks"), compile=True))
+    if ctx.value("compile.enabled"):  # the input compiles: eager may be faster (graph breaks, a small model, a CPU)
+        cands.insert(0, Candidate("no compile (eager)", {"compile.enabled": False}))
     return _only_new(ctx, cands)
 
 
@@ -338,8 +395,8 @@ def _memory(ctx: Ctx) -> list[Candidate]:
     p, m0, ckpt0 = ctx.probe, ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
     per_device = m0 * ctx.value("train.grad_accum")
     policies = ["none", "selective", "full"] if p.has_blocks else ["none"]
-    ok = [] if p.has_batchnorm else [m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8)
-                                     if 1 <= m <= per_device and per_device % m == 0]
+    ok = [] if p.has_batchnorm or p.micro_batch_math else [
+        m for m in (m0 * 8, m0 * 4, m0 * 2, m0 // 2, m0 // 4, m0 // 8) if 1 <= m <= per_device and per_device % m == 0]
     fused = p.fused_loss and not ctx.value("kernels.fused_loss") and not ctx.value("precision.fp8_head")
     larger = [c for m in ok if m > m0 for c in _micro_levers(ctx, m, per_device, policies[policies.index(ckpt0):],
                                                              fused)]
@@ -396,6 +453,9 @@ def _data(ctx: Ctx) -> list[Candidate]:
         out.append(Candidate(f"{w} loader workers", {"data.device_resident": False, "data.num_workers": w,
                                                      "data.persistent_workers": True, "data.prefetch_factor": 4,
                                                      "data.pin_memory": p.on_gpu}))
+    # last, reached only while fewer workers measured faster: cheap items load fastest in the training process
+    out.append(Candidate("no loader workers", {"data.device_resident": False, "data.num_workers": 0,
+                                               "data.persistent_workers": False, "data.prefetch_factor": "auto"}))
     return _only_new(ctx, out)
 
 

@@ -96,20 +96,29 @@ def test_ddp_static_graph_with_gradient_accumulation_trains(tmp_path, capsys, on
 
 def two_ranks(script: str, *args: str) -> list[str]:
     """`script` as ranks 0 and 1 of a gloo world (fresh processes: argv[1] the port, argv[2] the rank)."""
+    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1"}
+    codes, outs = finished([subprocess.Popen([sys.executable, "-c", script, port, str(r), *args], env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            for r in (0, 1)])
+    assert codes == [0, 0], outs
+    return [out.strip() for out, _ in outs]
+
+
+def free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, "-c", script, port, str(r), *args], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        return str(s.getsockname()[1])
+
+
+def finished(procs: list[subprocess.Popen], timeout: float = 120) -> tuple[list[int], list[tuple[str, str]]]:
+    """Each process's exit code and (stdout, stderr); none outlives the call."""
     try:
-        outs = [p.communicate(timeout=120) for p in ranks]
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
-        for p in ranks:
+        for p in procs:
             p.kill()
             p.wait()
-    assert all(p.returncode == 0 for p in ranks), outs
-    return [out.strip() for out, _ in outs]
+    return [p.returncode for p in procs], outs
 
 
 # a BatchNorm model under DDP, then FSDP2, trained a step on each rank's own batch, then evaluated as

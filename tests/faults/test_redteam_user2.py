@@ -100,7 +100,7 @@ def test_isolated_nan_losses_are_alerted_without_stopping(tmp_path, capsys):
                  "train.steps=8"]) == 0
     alerts = [json.loads(line) for line in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
     nonfinite = [a for a in alerts if a["rule"] == "loss_nonfinite"]
-    first_nan = next(r["step"] for r in rows(tmp_path / "fault") if r["loss"] != r["loss"])
+    first_nan = next(r["step"] for r in rows(tmp_path / "fault") if r["loss"] is None)
     assert nonfinite and nonfinite[0]["step"] == first_nan and "stops at 3 in a row" in nonfinite[0]["message"]
 
 

@@ -3,7 +3,6 @@ loss turns non-finite (file + webhook); data that turns slow half-way alerts onc
 never answers stalls nothing; /metrics answers during a run; a blocked dataset ends the run through the
 watchdog with the stuck stack; report and watch draw any finished run."""
 import json
-import math
 import socket
 import subprocess
 import sys
@@ -66,14 +65,15 @@ def test_diverging_run_alerts_before_the_loss_turns_non_finite(tmp_path, webhook
     with pytest.raises(NonFiniteLoss, match=r"NaN.*step \d+"):  # the non-finite stop works as before
         train(cfg)
     run = tmp_path / "fault"
-    first_bad = next(r["step"] for r in rows(run) if not math.isfinite(r["loss"]))
+    first_bad = next(r["step"] for r in rows(run) if r["loss"] is None)
     lines = alerts(run)
     div = [a for a in lines if a["rule"] == "loss_diverging"]
     assert len(div) == 1 and div[0]["step"] < first_bad and set(div[0]) == FIELDS
     assert div[0]["value"] > div[0]["threshold"] == 0.2
     assert [a["rule"] for a in lines][-1] == "loss_nonfinite"
     # the row of the step that ended the run is written, with its NaN: the metrics and the alert agree
-    assert rows(run)[-1]["step"] == lines[-1]["step"] and not math.isfinite(rows(run)[-1]["loss"])
+    assert rows(run)[-1]["step"] == lines[-1]["step"] and rows(run)[-1]["loss"] is None
+    assert rows(run)[-1]["nonfinite"]["loss"] in ("NaN", "Infinity")  # strict JSON: null, named beside it
     deadline = time.time() + 5  # delivery is asynchronous (the run's close waits for it, bounded)
     while len(webhook_server.posted) < len(lines) and time.time() < deadline:
         time.sleep(0.05)

@@ -295,10 +295,10 @@ class DictItems(Dataset):
 
     def __getitem__(self, i: int):
         item = self.ds[i]
-        missing = [k for k in self.keys if not isinstance(item, dict) or k not in item]
+        missing = [k for k in self.keys if not isinstance(item, Mapping) or k not in item]
         if missing:  # items must keep the first item's keys: the mapping was decided on it
             raise UserError(f"{self.who}: item {i}: KeyError {missing[0]!r} (it is {type(item).__name__}"
-                            f"{' with keys ' + str(list(item)[:8]) if isinstance(item, dict) else ''}); every dict "
+                            f"{' with keys ' + str(list(item)[:8]) if isinstance(item, Mapping) else ''}); every dict "
                             f"item needs the first item's keys {self.keys[0]!r} and {self.keys[1]!r}")
         return tuple(self._tensor(item[k], i, k) for k in self.keys)
 
@@ -315,18 +315,47 @@ class DictItems(Dataset):
         if isinstance(v, str):
             fix = (f"encode string labels as class ids (HF datasets: ds.class_encode_column({key!r}))"
                    if key in TARGET_KEYS else "tokenize the text to ids")
+        elif isinstance(v, (list, tuple)) and any(e is None for e in v):  # a tokenizer without a pad token pads so
+            fix = ("it is padded with None, the pad id of a tokenizer without a pad token: set tokenizer.pad_token "
+                   "(e.g. = tokenizer.eos_token) before tokenizing")
         else:
             fix = "give it numbers, lists of them padded to one length (-100 in labels)"
         raise UserError(f"{self.who}: item {i}'s {key!r} is {type(v).__name__} {shown}, not numbers of one shape; "
                         f"{fix}")
 
 
-def _has_a_zero(v) -> bool:
+def _has_a_zero(v, nonzero: bool = False) -> bool:
+    """Whether the numbers of `v` hold a zero (or with `nonzero`, a value that is not zero)."""
+    if v is None:
+        return False
     try:
         a = np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v)
     except (ValueError, TypeError):
         return False
-    return a.dtype.kind in "biuf" and a.size > 0 and not a.all()
+    return a.dtype.kind in "biuf" and a.size > 0 and bool(a.any() if nonzero else not a.all())
+
+
+def _say_mask(mask, ids, who: str) -> None:
+    """turbotrain passes the inputs alone: an HF bidirectional model (bert) derives its attention mask from its
+    config's pad_token_id at the row ends (models.hf.padding_mask); say which id the data pads with, or that
+    its mask cannot be derived so (a causal LM with padding on the right and -100 in its labels needs none)."""
+    if not _has_a_zero(mask):
+        return
+    from turbotrain.models.hf import padding_mask
+
+    try:
+        m, x = (torch.as_tensor(np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v)) for v in (mask, ids))
+        pads = x[m == 0].unique() if m.shape == x.shape and not x.is_floating_point() else None
+    except (ValueError, TypeError, RuntimeError):
+        pads = None
+    if pads is not None and len(pads) == 1 and torch.equal(padding_mask(x, int(pads[0])), m.long()):
+        say(f"warning: {who}: 'attention_mask' is not passed to the model, and item 0 has padding (id "
+            f"{int(pads[0])} at the row ends): an HF bidirectional model (bert) masks the ids equal to its "
+            f"config.pad_token_id there, which must be {int(pads[0])}; a causal LM (gpt2, llama) needs the padding on "
+            f"the right and -100 in its labels")
+    else:
+        say(f"warning: {who}: 'attention_mask' is not passed to the model, and item 0 has padding that is not one "
+            f"pad id at the row ends: the model attends to it; pad each row at its end with the tokenizer's pad id")
 
 
 def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
@@ -357,17 +386,17 @@ def map_dict_items(ds: Dataset, who: str = "data") -> Dataset:
     if isinstance(ds, (TensorDataset, DictItems)) or not call_user(len, f"{who}: len()", ds):
         return ds
     first = call_user(ds.__getitem__, f"{who}: __getitem__(0)", 0)
-    if not isinstance(first, dict):
+    if not isinstance(first, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
         return ds
     keys = dict_item_keys(first, who)
     left = [k for k in first if k not in keys]
     say(f"data: dict items mapped as inputs = {keys[0]!r}, targets = {keys[1]!r}"
         + (f" (not used: {', '.join(map(str, left[:6]))})" if left else ""))
-    mask = first.get("attention_mask")
-    if _has_a_zero(mask):  # turbotrain passes the inputs alone: the model attends to the padding
-        say(f"warning: {who}: 'attention_mask' is not passed to the model, and item 0 has padding: a causal LM "
-            f"(gpt2, llama) with padding on the right and -100 in its labels trains as with the mask; padding on "
-            f"the left, or a bidirectional model (bert, vit), attends to the pad tokens: pad on the right or pack")
+    _say_mask(first.get("attention_mask"), first[keys[0]], who)
+    if _has_a_zero(first.get("token_type_ids"), nonzero=True):  # bert embeds the segment of each token
+        say(f"warning: {who}: 'token_type_ids' is not passed to the model, and item 0 has tokens of segment 1 (a "
+            f"sentence pair): the model sees every token as segment 0; join the pair with its separator token, or "
+            f"train on one sentence a row")
     mapped = DictItems(ds, keys, who)
     x, y = mapped[0]
     from turbotrain.models.hf import labels_are_inputs

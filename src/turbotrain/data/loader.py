@@ -305,6 +305,18 @@ class Batches:
         return (f"{self.who}: reading a training batch failed: {type(e).__name__}: {text.strip()[:200]}{where(e)}; "
                 f"{hint}")
 
+    def read_step(self, step: int) -> list:
+        """The micro-batches of (0-based) `step` read again, as the run read them (the sampler's order, the seeds
+        of SeededReads): a failure can be traced to a batch the loop has let go of. Not on the step's path."""
+        if self.resident:
+            return [self.ds.gather(idx.to(self.device)) for idx in self.sampler.step_indices(step)]
+        reads, out = self.loader.dataset, []
+        for m, idx in enumerate(self.sampler.step_indices(step)):
+            micro = Micro(idx.tolist(), self.sampler.read_seed(step, m * self.sampler.world + self.sampler.rank))
+            many = getattr(reads, "__getitems__", None)
+            out.append(self.loader.collate_fn(many(micro) if callable(many) else [reads[i] for i in micro]))
+        return out
+
     def _resident_indices(self) -> Iterator[torch.Tensor]:
         """Index tensors already on the device: the epoch's permutation is uploaded once per epoch and
         sliced per micro-batch, so no step copies from pageable host memory (such a copy would block

@@ -31,6 +31,7 @@ from turbotrain.files import cache_root, path_arg
 from turbotrain.log import say, say_once
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+UNKNOWN_SHARE = 0.05  # of the tokens the tokenizer's unknown token: its vocabulary is not this text's
 
 
 def text(split: str, path: str | None = None, tokens: str = "char", block_size: int = 256, val_fraction: float = 0.1,
@@ -116,14 +117,16 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
         if dtype not in ("uint8", "int16", "int32") or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
             say(f"warning: data text: {root / 'meta.json'} lacks a token dtype or vocab_size; tokenising again")
         elif file_sha256(root / "tokens.bin") == sums["tokens.bin"]:
+            _say_unknown(meta.get("unknown", 0.0), tokens)
             return np.memmap(root / "tokens.bin", dtype=dtype, mode="c"), vocab_size
         else:
             say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
-    ids, vocab_size, vocab = _encode([_read(p) for p in files], tokens)
+    ids, vocab_size, vocab, unknown = _encode([_read(p) for p in files], tokens)
     if not len(ids):
         raise UserError(f"data.args.path: {', '.join(p.name for p in files[:3])} hold no text")
+    _say_unknown(unknown, tokens)
     meta = {"vocab_size": vocab_size, "dtype": ids.dtype.name, "tokens": tokens, "n_tokens": int(len(ids)),
-            "files": [s[0] for s in stamp], "vocab": vocab}
+            "files": [s[0] for s in stamp], "vocab": vocab, "unknown": unknown}
     try:
         root.mkdir(parents=True, exist_ok=True)
         write_atomic(root / "tokens.bin", ids.tobytes())
@@ -206,14 +209,15 @@ def _tokenizer_path(tokens: str) -> Path:
     return p
 
 
-def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | None]:
-    """(ids in the smallest dtype that holds the vocabulary, vocab size, the characters for char)."""
+def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | None, float]:
+    """(ids in the smallest dtype that holds the vocabulary, vocab size, the characters for char, the share of
+    the tokenizer's unknown token)."""
     if tokens == "byte":
-        return np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8).copy(), 256, None
+        return np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8).copy(), 256, None, 0.0
     if tokens == "char":
         codes = np.frombuffer("\n".join(docs).encode("utf-32-le"), dtype=np.uint32)
         vocab, ids = np.unique(codes, return_inverse=True)
-        return ids.astype(_dtype(len(vocab))), len(vocab), [chr(c) for c in vocab]
+        return ids.astype(_dtype(len(vocab))), len(vocab), [chr(c) for c in vocab], 0.0
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -230,9 +234,25 @@ def _encode(docs: list[str], tokens: str) -> tuple[np.ndarray, int, list[str] | 
         tok.no_truncation()
         tok.no_padding()
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    enc = tok.encode_batch(docs, add_special_tokens=False)
+    try:
+        enc = tok.encode_batch(docs, add_special_tokens=False)
+    except Exception as e:  # e.g. a WordLevel model without an unk_token meeting a word outside its vocabulary
+        raise UserError(f"data.args.tokens = {tokens!r}: the tokenizer cannot encode the text ({str(e)[:120]}); "
+                        f"use a tokenizer.json made for this text (one with an unknown token, or a byte-level BPE)") \
+            from None
     ids = np.fromiter((i for e in enc for i in e.ids), dtype=np.int64)
-    return ids.astype(_dtype(vocab_size)), vocab_size, None
+    unk = getattr(tok.model, "unk_token", None)
+    unk_id = tok.token_to_id(unk) if isinstance(unk, str) else None
+    unknown = float((ids == unk_id).mean()) if unk_id is not None and len(ids) else 0.0
+    return ids.astype(_dtype(vocab_size)), vocab_size, None, unknown
+
+
+def _say_unknown(unknown: float, tokens: str) -> None:
+    """Text the tokenizer's vocabulary does not hold becomes its unknown token: a model trained on a stream of
+    mostly [UNK] learns nothing of the text, with a fine loss."""
+    if isinstance(unknown, float) and unknown > UNKNOWN_SHARE:  # a float: meta.json is not checksummed
+        say_once(f"warning: data text: {unknown:.0%} of the tokens are {tokens}'s unknown token: its vocabulary "
+                 f"does not cover this text; use a tokenizer.json trained on text like it (or tokens = \"byte\")")
 
 
 def _dtype(vocab_size: int) -> np.dtype:

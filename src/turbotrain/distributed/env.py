@@ -7,6 +7,7 @@ independent runs; torchrun's own variables win wherever both are set.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -221,21 +222,25 @@ def restart_store_warning(e: Mapping[str, str] = os.environ) -> str | None:
             "--max-restarts=N ...")
 
 
-def init_distributed(env: DistEnv, device: torch.device) -> torch.device:
-    """Join the process group (once) and return this rank's device (cuda:LOCAL_RANK on GPUs)."""
+def init_distributed(env: DistEnv, device: torch.device, cfg=None) -> torch.device:
+    """Join the process group (once) and return this rank's device (cuda:LOCAL_RANK on GPUs). With `cfg`, refuse
+    ranks started with different configs (same_config)."""
     if device.type == "cuda":
         device = _rank_device(env)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
+            command = next((a for a in sys.argv[1:] if a in ("train", "profile", "bench", "tune")), "train")
             raise UserError(f"parallel.strategy ddp, fsdp, hsdp and pipeline run under torchrun "
-                            f"({', '.join(missing)} not set): torchrun --nproc_per_node=N -m turbotrain train ...")
+                            f"({', '.join(missing)} not set): torchrun --nproc_per_node=N -m turbotrain {command} ...")
         if env.is_main and (warning := restart_store_warning()):
             from turbotrain.log import say_once
 
             say_once(warning)
         _join(env, "nccl" if device.type == "cuda" else "gloo", device)
+    if cfg is not None:
+        same_config(cfg)
     return device
 
 
@@ -258,6 +263,48 @@ def _join(env: DistEnv, backend: str, device: torch.device) -> None:
         raise UserError(f"distributed: the {env.world_size} ranks did not all join at {where} within "
                         f"{JOIN_TIMEOUT_MIN} min ({' '.join(str(e).split())[:120]}); start every rank (torchrun "
                         f"--nproc_per_node=N, on each node), and check WORLD_SIZE and MASTER_ADDR/PORT") from None
+    except dist.DistNetworkError as e:  # rank 0 hosts the store at MASTER_PORT: taken, or an address not its own
+        why = " ".join(str(e).split())
+        if "EADDRINUSE" in why or "address already in use" in why.lower():
+            raise UserError(f"distributed: MASTER_PORT={os.environ['MASTER_PORT']} is in use on "
+                            f"{os.environ['MASTER_ADDR']} (another job, or a run that has not exited); pick a free "
+                            "port (torchrun --master_port=P, or --standalone to pick one itself)") from None
+        raise UserError(f"distributed: rank {env.rank} could not open the process group's store at {where} "
+                        f"({why[:160]}); check MASTER_ADDR/PORT name rank 0's node and a free port") from None
+
+
+def same_config(cfg) -> None:
+    """Refuse ranks started with different configs (a node's copy of the TOML edited, another override on one
+    node): they would train different models under one DDP or FSDP2 group, or reach the end at different steps
+    and wait for the others until the collective timeout (10 min), then print tracebacks. Every rank raises the
+    same line, naming the first keys that differ. Usage: `same_config(cfg)` once the process group is joined."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    mine = _flat(cfg)
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, hashlib.sha256(repr(sorted(mine.items())).encode()).hexdigest())
+    if len(set(digests)) == 1:
+        return
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    keys = sorted(k for k in set().union(*every) if len({c.get(k) for c in every}) > 1)
+    said = "; ".join(f"{k}: " + ", ".join(f"rank {r} {c.get(k, 'unset')}" for r, c in enumerate(every))
+                     for k in keys[:3])
+    raise UserError(f"config: the ranks were started with different configs ({said}{'; ...' if len(keys) > 3 else ''}"
+                    "); start every rank with the same config file and overrides (each node's copy of the file "
+                    "must be identical)")
+
+
+def _flat(tree, prefix: str = "") -> dict[str, str]:
+    """A config as {dotted key: repr of its value}; reprs, so an object the Python API put there is compared
+    (and pickled) by what it prints, never copied, less its address (each process has its own)."""
+    if dataclasses.is_dataclass(tree):
+        tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+    out = {}
+    for k, v in tree.items():
+        nested = isinstance(v, dict) or dataclasses.is_dataclass(v)
+        out.update(_flat(v, f"{prefix}{k}.") if nested else {f"{prefix}{k}": re.sub(r" at 0x[0-9a-f]+", "", repr(v))})
+    return out
 
 
 def _check_resolves(host: str) -> None:
@@ -304,6 +351,46 @@ def all_mean(values: list[float], device: torch.device, maxed: tuple[int, ...] =
     out = every.mean(0)
     out[list(maxed)] = every[:, list(maxed)].amax(0)
     return out.tolist()
+
+
+class LaggedVote:
+    """Whether any rank raised a flag, agreed every step without a sync: each step casts this rank's flag in an
+    asynchronous all-reduce (max) and reads the one cast a step earlier, done by then. On a GPU the result goes
+    to pinned memory behind an event recorded right after that reduce, so the read waits for that point of the
+    queue only, never for the step just launched. Every rank reads the same result at the same step: a signal
+    that reached one rank, or every rank at different steps, stops them all at one step within two.
+    Usage, each step: `if vote.step(flag): stop`."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.pending = device, None
+        self.host = torch.zeros(1, pin_memory=device.type == "cuda")
+
+    def step(self, flag: bool) -> bool:
+        if not dist.is_initialized():  # ranks launched with parallel.strategy none share nothing: each decides
+            return flag
+        agreed = self._read()
+        t = torch.full((1,), float(flag), device=self.device)  # a fill, not a copy from the host: no sync
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        if self.device.type == "cuda":
+            work.wait()  # NCCL: the stream waits for the reduce, the host does not
+            self.host.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending = (None, event)
+        else:
+            self.pending = (work, t)  # gloo's wait blocks the host: left to the next step's read
+        return agreed
+
+    def _read(self) -> bool:
+        if self.pending is None:
+            return False
+        waitable, t = self.pending
+        self.pending = None
+        if isinstance(waitable, torch.cuda.Event):
+            waitable.synchronize()
+            return bool(self.host[0])
+        waitable.wait()
+        return bool(t[0])
 
 
 def all_gather_floats(value: float, device: torch.device) -> list[float]:

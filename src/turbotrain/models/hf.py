@@ -18,12 +18,15 @@ targets: turbotrain's token targets are already aligned with the outputs (y[t] i
 a causal LM gets them as `shift_labels` too, and HF does not shift them again. Targets equal to the inputs
 (HF's own convention: `labels = input_ids`, e.g. dict data) are passed as plain `labels` and HF shifts
 them, padding (-100 in labels) included. The choice is made once, on the first forward (the contract
-check), never per step.
+check), never per step. A bidirectional model (bert) gets the attention mask of its padding, derived from the
+inputs as its tokenizer's mask would be (the config's pad_token_id at a row's ends), else every token attends to
+the pads; a causal LM needs none (padding on the right, -100 in its labels).
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -53,16 +56,58 @@ def require_transformers(what: str):
 def quiet_torchao_import():
     """torchao's import logs a warning for each native kernel library this machine cannot load (a CPU-only or
     other-GPU build) and torch one for each Enum torchao registers: lines on stderr around turbotrain's own,
-    none the user can act on. transformers imports torchao with its model classes when it is installed."""
+    none the user can act on. transformers imports torchao with its model classes when it is installed.
+    What transformers logs meanwhile, and Python warnings (a config's token ids past its vocabulary, a
+    deprecated call in a factory), are said on stdout: stderr holds a failing run's one error line alone."""
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        yield
+        with _said_on_stdout():
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+class _Say(logging.Handler):
+    def __init__(self, said: list):
+        super().__init__(logging.WARNING)
+        self.said = said
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.said.append(record.getMessage())
+
+
+class _Held(list):
+    """The transformers logger's handler list meanwhile: the stderr handler transformers adds on its first log
+    call (addHandler appends) is held back until the block ends."""
+    def __init__(self, handlers: list):
+        super().__init__(handlers)
+        self.added: list = []
+
+    def append(self, handler) -> None:
+        self.added.append(handler)
+
+
+@contextlib.contextmanager
+def _said_on_stdout():
+    """transformers' log records (its handler writes to stderr) and Python warnings, said as `model: ...` lines
+    once the block ends, each once."""
+    import warnings
+
+    lib, said = logging.getLogger("transformers"), []
+    held = _Held([_Say(said)])
+    handlers, lib.handlers = lib.handlers, held
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    finally:
+        lib.handlers = handlers + held.added
+        said += [f"{w.category.__name__}: {w.message}" for w in caught]
+        for text in dict.fromkeys(" ".join(str(t).split())[:300] for t in said):
+            say(f"model: {text}")
 
 
 def _import_model_classes() -> None:
@@ -134,8 +179,15 @@ def _config(model_type: str, args: dict):
     try:
         default = transformers.AutoConfig.for_model(model_type)
     except (ValueError, KeyError):
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        base = max((t for t in CONFIG_MAPPING_NAMES if model_type.startswith(f"{t}-")), key=len, default=None)
+        hint = (f"; {model_type!r} looks like a checkpoint's name: 'hf:{base}' builds that architecture from "
+                f"model.args with random weights, and pretrained weights load from a folder saved with "
+                f"from_pretrained({model_type!r}).save_pretrained('dir'), as 'hf:./dir'" if base else "")
         raise UserError(f"model.name = 'hf:{model_type}': transformers {transformers.__version__} knows no model "
-                        f"type {model_type!r}; use a type such as gpt2, llama, bert (AutoConfig model_type)") from None
+                        f"type {model_type!r}; use a type such as gpt2, llama, bert (AutoConfig model_type){hint}") \
+            from None
     dtype = next((k for k in ("dtype", "torch_dtype") if k in args), None)
     if dtype:  # from_config would build the weights in it: half-precision weights under any precision.dtype
         raise UserError(f"model.args.{dtype} = {args[dtype]!r}: turbotrain keeps the weights in float32 and computes "
@@ -183,8 +235,12 @@ def build_hf(name: str, args: dict) -> nn.Module:
     model_type, path = hf_target(name)
     if path is not None:
         if not (path / "config.json").is_file():
-            raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); "
-                            f"save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
+            rest = name[len(PREFIX):]
+            hub = not path.exists() and rest.count("/") == 1 and not rest.startswith((".", "/", "~"))
+            why = (f"no such folder, and turbotrain downloads nothing: save the Hub model {rest!r} first, "
+                   f"AutoModelForCausalLM.from_pretrained({rest!r}).save_pretrained('dir'), then use 'hf:./dir'"
+                   if hub else "save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
+            raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); {why}")
         cfg = _hf_call(name, "its config.json", transformers.AutoConfig.from_pretrained, path, **args)
         auto = _auto_class(transformers, head_of(cfg.model_type, args), cfg)
         if auto is transformers.AutoModelForCausalLM and getattr(cfg, "is_decoder", None) is False:
@@ -259,7 +315,8 @@ class HFModel(nn.Module):
             raise UserError(f"{type(hf).__name__} is an encoder-decoder (seq2seq) model, which turbotrain does not "
                             f"train: its (inputs, targets) items carry no decoder inputs; use a decoder-only "
                             f"causal LM (hf:gpt2, hf:llama) or an encoder classifier (hf:bert with num_labels)")
-        self.hf = hf
+        _check_pad_for_classifier(hf)
+        self.hf = _float32(hf)
         if hasattr(hf.config, "use_cache"):
             hf.config.use_cache = False  # training: a KV cache is memory for nothing (and clashes with act-ckpt)
         # .logits / .loss are read by name; a config with return_dict=False gives tuples, through which some
@@ -270,6 +327,7 @@ class HFModel(nn.Module):
         if self.causal:
             hf.loss_type = "ForCausalLM"  # HF warns on every model whose config names no loss type
         self.targets_are_inputs: bool | None = None  # decided on the first forward(x, y); see the docstring
+        self.pad_id = None if self.causal else _mask_pad_id(hf)
 
     @property
     def vocab_size(self) -> int | None:
@@ -283,13 +341,22 @@ class HFModel(nn.Module):
         lists = [m for m in self.hf.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
         return max(lists, key=len, default=None)
 
+    def inputs(self, x: torch.Tensor) -> dict:
+        """The keyword arguments of the HF forward for inputs `x`: a bidirectional model (bert) gets the
+        attention mask of its padding, as its tokenizer would give it, else every token attends to the pads."""
+        kwargs = {self.input_name: x}
+        # on the meta device (the FLOP count of a meta-init model) HF's mask code reads values: none to read
+        if self.pad_id is not None and not x.is_floating_point() and not x.is_meta:
+            kwargs["attention_mask"] = padding_mask(x, self.pad_id)
+        return kwargs
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         if y is None:
-            out = self.hf(**{self.input_name: x})
+            out = self.hf(**self.inputs(x))
             logits = getattr(out, "logits", None)
             return logits if logits is not None else out.last_hidden_state
         y = y.contiguous()  # HF flattens labels with .view; token windows' targets are a strided slice
-        kwargs = {self.input_name: x, "labels": y}
+        kwargs = {**self.inputs(x), "labels": y}
         if self.causal:
             if self.targets_are_inputs is None:  # once, at the contract check: a host sync is fine there
                 self.targets_are_inputs = labels_are_inputs(x, y)
@@ -300,6 +367,52 @@ class HFModel(nn.Module):
             raise UserError(f"{type(self.hf).__name__} computes no loss of its own (a bare AutoModel); set "
                             f"train.loss = \"cross_entropy\" or \"mse\", or use a model type with a head")
         return loss
+
+
+def _check_pad_for_classifier(hf: nn.Module) -> None:
+    """A decoder's classification head (GPT2ForSequenceClassification) reads each row's last token before the
+    config's pad_token_id; without one HF fails every batch of more than one row (as hf:<type> is refused)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cfg = hf.config
+    if type(hf).__name__.endswith("ForSequenceClassification") and cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
+            and cfg.to_dict().get("is_decoder") is not False and getattr(cfg, "pad_token_id", None) is None:
+        raise UserError(f"{type(hf).__name__} reads each row's last token before config.pad_token_id, which is not "
+                        f"set: set model.config.pad_token_id to the id the data pads with (tokenizer.pad_token_id)")
+
+
+def _float32(hf: nn.Module) -> nn.Module:
+    """An HF model given in half precision (`.half()`, `dtype=torch.bfloat16`), in float32, as hf:/dir loads one:
+    AdamW's steps on fp16/bf16 weights are lost or overflow (eps 1e-8 is 0 in fp16: inf at the second step);
+    precision.dtype runs the matmuls in half precision."""
+    half = next((p.dtype for p in hf.parameters() if p.dtype in (torch.float16, torch.bfloat16)), None)
+    if half is not None:
+        say(f"model: {type(hf).__name__} came in {str(half).removeprefix('torch.')}; turbotrain trains its weights "
+            f"in float32 and computes in precision.dtype")
+        hf.float()
+    return hf
+
+
+def _mask_pad_id(hf: nn.Module) -> int | None:
+    """The pad id whose runs at a row's ends a bidirectional model's attention mask leaves out: its config's
+    pad_token_id, where its forward takes an attention_mask over input_ids; else None (nothing masked)."""
+    pad = getattr(hf.config, "pad_token_id", None)
+    if isinstance(pad, bool) or not isinstance(pad, int) or getattr(hf, "main_input_name", "input_ids") != "input_ids":
+        return None
+    try:
+        takes = "attention_mask" in inspect.signature(hf.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return pad if takes else None
+
+
+def padding_mask(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """1 at real tokens, 0 at the padding: the run of `pad` ids at a row's end (padding side right) or start
+    (left). A pad id between real tokens is a token of the text, as a tokenizer's mask has it."""
+    is_pad = (x == pad).long()
+    right = is_pad.flip(-1).cumprod(-1).flip(-1)
+    left = is_pad.cumprod(-1)
+    return 1 - (right | left)
 
 
 def labels_are_inputs(x: torch.Tensor, y: torch.Tensor) -> bool:

@@ -18,7 +18,11 @@ REPLAY_ROWS = 1000  # Alerts.resume: the first and the last rows of a run that t
 
 
 class NonFiniteLoss(UserError):
-    """The loss stayed NaN/inf for train.max_bad_steps steps in a row."""
+    """The loss stayed NaN/inf for train.max_bad_steps steps in a row; `first`: the step it went non-finite at."""
+
+    def __init__(self, msg: str, first: int | None = None):
+        super().__init__(msg)
+        self.first = first
 
 
 def _finite_or_none(x) -> float | None:
@@ -53,11 +57,14 @@ class Alerts:
         loss is only read at log steps), averaged over ranks so that every rank decides alike."""
         if not math.isfinite(loss):
             streak = max(1, math.ceil(bad_streak))
-            msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} "
-                   f"step(s); lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
+            # the step it went non-finite at: what broke it (a batch, an LR step) was there, not at this log step
+            since = f" (since step {step - streak + 1})" if streak > 1 else ""
+            msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} step(s){since}; lower "
+                   "train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
             if streak >= self.max_bad or final:
+                # the stop is always sent, however recent the last non-finite alert
                 self.emit(Fired("loss_nonfinite", streak, self.max_bad, msg), step, console=False, repeat=True)
-                raise NonFiniteLoss(msg)  # the stop is always sent, however recent the last non-finite alert
+                raise NonFiniteLoss(msg, step - streak + 1)
             # below the stop: still said (rate-limited), or a run with NaN steps in it would look clean
             self.emit(Fired("loss_nonfinite", streak, self.max_bad,
                             f"{msg} (the run stops at {self.max_bad} in a row: train.max_bad_steps)"), step)

@@ -86,13 +86,13 @@ class MetricsLogger:
     def log(self, row: dict) -> None:
         if not self.enabled:
             return
-        for tracker in self.trackers:
+        for tracker in list(self.trackers):
             try:
                 tracker.log(row)
-            except OSError as e:  # a tracker of the user's (the built-in ones raise a UserError themselves)
-                raise UserError(f"monitor.trackers: {_name(tracker)} cannot log step {row.get('step')} ({_reason(e)}); "
-                                f"fix where it writes (free space, permissions) or remove it from monitor.trackers"
-                                ) from None
+            except Exception as e:
+                if not getattr(tracker, "best_effort", False):
+                    raise _log_error(tracker, e, row) from None
+                self._turn_off(tracker, e, row)
         line = console_line(row, self.total)
         if self.progress is not None:
             self.progress.update(self.task, completed=row["step"], info=line.split(" | ", 1)[-1])
@@ -101,6 +101,17 @@ class MetricsLogger:
         else:  # a log file (batch job): plain lines with the ETA
             console(f"{line} | ETA {self.eta(row['step'])}")
             self.last_line = time.perf_counter()
+
+    def _turn_off(self, tracker: Tracker, e: Exception, row: dict) -> None:
+        """A dashboard elsewhere (W&B, MLflow: `best_effort`) that fails mid-run is turned off, not the run: hours of
+        training must not end over a tracking server gone away, and metrics.jsonl holds every row all the same."""
+        self.trackers.remove(tracker)
+        say(f"warning: monitor: {_name(tracker)} failed at step {row.get('step')} ({_reason(e)[:200]}); it is turned "
+            f"off for the rest of the run (metrics.jsonl keeps every row: sync it later from there)")
+        try:
+            tracker.close()
+        except Exception:  # noqa: BLE001 - the same server gone away, said above
+            pass
 
     def close(self) -> None:
         """Close every tracker, even after one fails. Called while an exception is on its way out (the
@@ -113,6 +124,10 @@ class MetricsLogger:
             try:
                 tracker.close()
             except Exception as e:  # noqa: BLE001 - the other trackers close all the same
+                if getattr(tracker, "best_effort", False):  # the run's own record is whole: a warning, not a failure
+                    say(f"warning: monitor: closing {_name(tracker)} failed ({_reason(e)[:200]}); metrics.jsonl "
+                        f"keeps every row")
+                    continue
                 failed = failed or (tracker, e)
         if failed is None:
             return
@@ -125,6 +140,15 @@ class MetricsLogger:
             raise UserError(f"monitor.trackers: cannot close {_name(tracker)} ({_reason(e)}); fix where it writes "
                             f"(free space, permissions) or remove it from monitor.trackers") from None
         raise e
+
+
+def _log_error(tracker: Tracker, e: Exception, row: dict) -> Exception:
+    """The error that ends the run for a tracker's failed log: a write error of a tracker of the user's as one
+    UserError (the built-in ones raise a UserError themselves), anything else as it was."""
+    if not isinstance(e, OSError):
+        return e
+    return UserError(f"monitor.trackers: {_name(tracker)} cannot log step {row.get('step')} ({_reason(e)}); "
+                     f"fix where it writes (free space, permissions) or remove it from monitor.trackers")
 
 
 def _name(tracker: Tracker) -> str:

@@ -25,13 +25,17 @@ class GpuStats:
         return self.handle is not None
 
     def read(self) -> dict:
+        """The readings this device gives, each on its own: a MIG slice or a card without a sensor refuses one
+        reading (NVMLError_NotSupported) and the others are still kept."""
         if self.handle is None:
             return {}
-        nv = self._nv
-        try:
-            util = nv.nvmlDeviceGetUtilizationRates(self.handle)
-            mem = nv.nvmlDeviceGetMemoryInfo(self.handle)
-            temp = nv.nvmlDeviceGetTemperature(self.handle, nv.NVML_TEMPERATURE_GPU)
-        except Exception:
-            return {}
-        return {"gpu_util_pct": util.gpu, "gpu_mem_used_gib": round(mem.used / 2**30, 3), "gpu_temp_c": temp}
+        nv, h, out = self._nv, self.handle, {}
+        readers = {"gpu_util_pct": lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu,
+                   "gpu_mem_used_gib": lambda: round(nv.nvmlDeviceGetMemoryInfo(h).used / 2**30, 3),
+                   "gpu_temp_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
+        for key, read in readers.items():
+            try:
+                out[key] = read()
+            except Exception:  # noqa: BLE001 - NVML's errors (not supported, GPU lost): that reading is absent
+                pass
+        return out

@@ -23,6 +23,8 @@ RULES = ("loss_nonfinite", "grad_nonfinite", "loss_spike", "loss_diverging", "lo
          "hung_step", "grad_exploding", "grad_vanishing")
 DIVERGING_RHO = 0.85  # loss_diverging: the least rank correlation of the window's losses with their order
 THROUGHPUT_DROP_STEPS = 10  # throughput_drop: the least steps the slow log windows in a row must span
+THROUGHPUT_DIP_MAX = 8  # throughput_drop: a dip of at most this many slow windows that recovered twice is the
+# run's rhythm (an eval's or a save's cadence): its recurrences are no drop. One that came once was a drop
 DIVERGING_SCALES = (1, 2, 4, 8)  # loss_diverging: the trend windows, in multiples of loss_diverging_window
 DIVERGING_BLOWUP = 100.0  # loss_diverging: 2 log steps in a row this many times the run's first loss: a blow-up
 DIVERGING_T = 8.0  # loss_diverging: the least t-statistic of the shortest window's trend (linear or log scale)
@@ -31,12 +33,16 @@ SPIKE_SIGMAS = 5.0  # loss_spike: the least distance above the running average, 
 GRAD_EXPLODING_FACTOR = 10.0  # grad_exploding: gradient norms this many times the median of the recent ones on 2
 GRAD_EXPLODING_ONCE = 100.0  # log steps in a row, or one norm this many times it (a lone clipped spike of ~10-30x is
 # routine in a healthy run's warm-up: the default preset has one)
+GRAD_EXPLODING_RUN = 1000.0  # grad_exploding: ... or norms this many times the run's first 5 on 2 log steps in a row
 GRAD_SIGMAS = 6.0  # grad_exploding: ... and this many of the recent norms' own scatter (log space) above it
 GRAD_VANISHING_RATIO = 1e-3  # grad_vanishing: a gradient norm below this fraction of the run's first ones ...
 GRAD_VANISHING_FLOOR = 1e-8  # grad_vanishing: a norm at most this is gone, whatever the first ones were
 GRAD_VANISHING_STEPS = 3  # ... for this many log steps in a row, while the loss stays above 80% of its level then
 PLATEAU_PACE = 4.0  # loss_plateau: a stall this many times the longest the run took to improve before, ...
 PLATEAU_AGE = 0.2  # ... and this fraction of the run's age (in log steps)
+PLATEAU_NOISE = 1.0  # ... and this x (sigma / delta)^2 log steps: the loss's noise averaged out to delta
+PLATEAU_JUMP = 5.0  # loss_plateau: an average this many deltas, and this many times the noise of a 10-log-step
+# average of the loss (sigma / sqrt(19)), above the last progress: a new phase
 MEM_GROWTH_WINDOW = 10  # log steps: a leak raises the peak at nearly every one, a healthy run's peak settles
 
 
@@ -182,6 +188,7 @@ class LossRules:
     def __init__(self, cfg: MonitorConfig):
         self.cfg, self.ema, self.n = cfg, None, 0
         self.noise, self.prev = None, None  # running mean of |ln(loss / previous loss)|; the previous loss
+        self.noise_run = 0.0  # the same over the whole run: the plateau rule's, steady where the other one wanders
         # the longest trend window: DIVERGING_SCALES x the configured one, so a slow rise is seen too
         self.window: deque[float] = deque(maxlen=max(cfg.loss_diverging_window, 1) * DIVERGING_SCALES[-1])
         # the loss at the last progress and the log-step count then; the best (lowest) loss since
@@ -189,6 +196,7 @@ class LossRules:
         self.gap = 0  # the longest stretch of log steps between two improvements so far: the run's own pace
         self.slow: float | None = None  # the plateau rule's average of the loss ...
         self.span = 10.0  # ... over about this many log steps
+        self.climb = False  # the average rises in a new phase (PLATEAU_JUMP): the reference follows it up
         # after a plateau alert, the average must fall below this to end that plateau: an improvement of
         # 3 x delta, not a dip of the noise (one plateau, one alert)
         self.rearm: float | None = None
@@ -215,6 +223,7 @@ class LossRules:
             d = min(abs(math.log(loss / self.prev)), max(math.log(2.0), 3 * (self.noise or 0.0)))
             b = max(0.05, 1 / self.n)  # slower than the EMA: the threshold must not follow a few quiet steps
             self.noise = d if self.noise is None else (1 - b) * self.noise + b * d
+            self.noise_run += (d - self.noise_run) / self.n
         self.prev = loss
         plateau = self._plateau(x)  # a spike enters at its threshold here too
         return out + [plateau] if plateau else out
@@ -301,6 +310,15 @@ class LossRules:
         self.slow = avg = loss if self.slow is None else (1 - a) * self.slow + a * loss
         # progress is measured from the average at the last progress (`ref`), not from the lowest since: a loss
         # falling 0.2% a log step would lower that by less than delta every time, and be called a plateau
+        # an average far above the reference, beyond its noise, is a new phase (harder data, unfrozen layers, an
+        # LR restart): the reference follows it up to its peak, and the loss falling from there is progress, not a
+        # stall against the old best
+        jumped = avg > self.ref + PLATEAU_JUMP * max(delta, self._sigma() / math.sqrt(19)) * abs(self.ref)
+        self.climb = (jumped and self.n > self.span) or (self.climb and avg > self.ref - delta * abs(self.ref))
+        if self.climb and avg > self.ref:
+            self.ref = self.best = avg
+            self.best_at, self.rearm = self.n, None
+            return None
         if avg < self.ref - delta * abs(self.ref) or not math.isfinite(self.ref):
             if math.isfinite(self.ref):
                 self.gap = max(self.gap, self.n - self.best_at)
@@ -315,8 +333,11 @@ class LossRules:
         # a healthy loss slows down as it goes (a power law improves by delta in a stretch that grows with the
         # run's age, ~10% of it at t^-0.1): a stall counts once it is PLATEAU_PACE x the longest stretch the run
         # took to improve before and PLATEAU_AGE of the run's age, so a loss that stops at once (stuck, dead)
-        # early on is still seen after W log steps
-        window = max(w, PLATEAU_PACE * self.gap, PLATEAU_AGE * self.n)
+        # early on is still seen after W log steps; and a loss noisier than delta (small batches) must stall as
+        # long as its noise takes to average out to delta: before that a lucky batch sets the reference, and a
+        # loss still falling slowly reads as stuck
+        resolve = PLATEAU_NOISE * (self.noise_run / 1.128 / delta) ** 2 if delta else 0.0
+        window = max(w, PLATEAU_PACE * self.gap, PLATEAU_AGE * self.n, resolve)
         if not w or self.rearm is not None or stalled < window:
             return None
         self.rearm = self.ref - 3 * delta * abs(self.ref)
@@ -379,6 +400,10 @@ class GradRules:
         self.first: list[tuple[float, float]] = []  # (grad norm, loss) of the first log steps: the baseline
         self.low = Streak(GRAD_VANISHING_STEPS)
         self.high_before = False  # the last log step's norm was above the factor (a second one fires)
+        self.last = 0.0  # the last log step's norm
+
+    def _base(self) -> float:
+        return statistics.median(g for g, _ in self.first)
 
     def _factor(self) -> tuple[float, float] | None:
         """(factor, reference): GRAD_EXPLODING_FACTOR, or more where the recent norms scatter widely (small
@@ -400,16 +425,21 @@ class GradRules:
         if not loss_spiked and (got := self._factor()):
             factor, ref = got
             high = norm > factor * ref
-            if (norm > max(GRAD_EXPLODING_ONCE, factor) * ref) or (high and self.high_before):
-                out.append(Fired("grad_exploding", norm, factor * ref,
-                                 f"gradient norm {norm:.4g} is {norm / ref:.0f}x the median {ref:.4g} of the last "
-                                 f"{len(self.recent)} log steps; keep train.grad_clip on, lower train.lr"))
-        self.high_before = high
+            # a norm that grows a little every log step drags the median along and is never 10x it: against the
+            # run's first readings it shows (GRAD_EXPLODING_RUN x them, 2 log steps in a row)
+            grown = (len(self.first) == 5 and min(norm, self.last) > GRAD_EXPLODING_RUN * self._base()
+                     and self._base() > 0)
+            if (norm > max(GRAD_EXPLODING_ONCE, factor) * ref) or (high and self.high_before) or grown:
+                against = (f"{norm / self._base():.0f}x its first readings ({self._base():.4g})" if grown else
+                           f"{norm / ref:.0f}x the median {ref:.4g} of the last {len(self.recent)} log steps")
+                out.append(Fired("grad_exploding", norm, factor * ref, f"gradient norm {norm:.4g} is {against}: the "
+                                 "training is blowing up; keep train.grad_clip on, lower train.lr"))
+        self.high_before, self.last = high, norm
         # an outlier enters at the threshold: one does not lift the median the next is judged by
         self.recent.append(min(norm, factor * ref) if high else norm)
         if len(self.first) < 5:
             self.first.append((norm, loss))
-        base = statistics.median(g for g, _ in self.first)
+        base = self._base()
         base_loss = statistics.median(x for _, x in self.first)
         # a run that converges has small gradients at a small loss; one whose gradients die does not learn. A
         # norm at most GRAD_VANISHING_FLOOR is none, whatever the first ones were (dead from the start)
@@ -459,9 +489,11 @@ class RowRules:
     def __init__(self, cfg: MonitorConfig):
         self.cfg, self.rates = cfg, []
         self.wait, self.util = Windows(cfg.data_wait_steps), Windows(cfg.gpu_util_low_steps)
-        # a drop is two log windows in a row: one slow window is a one-off cost (the first step after an
-        # evaluation or a checkpoint save, a GC pause) that dominates a window of a few short steps
-        self.slow = Streak(2)
+        # a drop is more slow log windows in a row than the run's own dips that recovered: one slow window is a
+        # one-off cost (the first step after an evaluation or a checkpoint save, a GC pause) that dominates a
+        # window of a few short steps, and a dip that recurs (the eval or checkpoint cadence) is its rhythm
+        self.slow_run, self.dip = 0, 1  # slow windows in a row now; the longest dip that recurred
+        self.dips: set[int] = set()  # the lengths of the dips that recovered (<= THROUGHPUT_DIP_MAX)
         self.slow_steps, self.last_step = 0, None  # steps in the slow windows in a row; the last row's step
         self.peaks: deque[float] = deque(maxlen=MEM_GROWTH_WINDOW + 1)
         self.first_peak: float | None = None  # the baseline: the first peak of a window without warm-up
@@ -488,13 +520,19 @@ class RowRules:
         if r and warm and len(self.rates) >= 3:
             ref = statistics.median(self.rates)
             slow = rate < r * ref
+            if not slow and 1 < self.slow_run <= THROUGHPUT_DIP_MAX:  # a dip ends: the 2nd of its length is rhythm
+                self.dip = max(self.dip, self.slow_run) if self.slow_run in self.dips else self.dip
+                self.dips.add(self.slow_run)
             self.slow_steps = self.slow_steps + (span or 0) if slow else 0
+            self.slow_run = self.slow_run + 1 if slow else 0
             # windows of one or two short steps (train.log_every = 1) are slowed 2x by another process's burst on
             # the machine: a drop must also span THROUGHPUT_DROP_STEPS steps to be one
-            if self.slow.update(slow) and (span is None or self.slow_steps >= THROUGHPUT_DROP_STEPS):
+            if self.slow_run > self.dip and (span is None or self.slow_steps >= THROUGHPUT_DROP_STEPS):
+                dips = f", longer than the run's recurring dips of {self.dip}" if self.dip > 1 else ""
                 out.append(Fired("throughput_drop", rate, r * ref, f"throughput {rate:.4g} samples/s is "
                                  f"{rate / ref:.0%} of the median {ref:.4g} of the earlier log windows "
-                                 f"({self.slow.count} log windows in a row)"))
+                                 f"({self.slow_run} log windows in a row{dips}): another process on the machine, "
+                                 "thermal throttling or a slower data source; see nvidia-smi / top"))
         if warm:
             self.rates.append(rate)
         return out

@@ -50,7 +50,7 @@ class StepCost:
 ROW_NAMES = frozenset({
     "step", "loss", "lr", "grad_norm", "samples_per_s", "step_ms", "data_wait_pct", "tokens_per_s", "mfu",
     "peak_mem_gib", "sync_ms", "rank_time_ratio", "slowest_rank", "gpu_util_pct", "gpu_mem_used_gib",
-    "gpu_temp_c", "gpu_mem_pct"})
+    "gpu_temp_c", "gpu_mem_pct", "nonfinite"})  # nonfinite: the marks of NaN/inf values written as null
 
 
 class RunMonitor:

@@ -4,7 +4,6 @@ appends, the webhook posts from its own thread, Prometheus serves from its own t
 from __future__ import annotations
 
 import errno
-import json
 import math
 import queue
 import socket
@@ -12,11 +11,13 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from turbotrain.errors import UserError
 from turbotrain.log import is_rank0, say
+from turbotrain.rundir import strict_json
 
 
 def console(alert: dict) -> None:
@@ -43,7 +44,7 @@ class JsonlFile:
             try:
                 if self.f is None:
                     self.f = open_run_file(self.path, "a")
-                self.f.write(json.dumps(obj) + "\n")
+                self.f.write(strict_json(obj) + "\n")
                 self.f.flush()
             except (OSError, UserError) as e:  # a full disk must not kill the run over an alert line
                 print(f"[turbotrain] cannot write {self.path}: {e}", file=sys.stderr, flush=True)
@@ -56,6 +57,17 @@ class JsonlFile:
                 except OSError:
                     pass
                 self.f = None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """urllib turns a POST answered by 301/302/303 into a GET without the body, which the new address answers 200:
+    the alert would count as delivered though nobody received it. A redirect is an HTTPError instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 class Webhook:
@@ -85,14 +97,20 @@ class Webhook:
                 self._done.notify_all()
 
     def _post(self, alert: dict) -> str | None:
-        body, error = json.dumps(alert).encode(), None
+        body, error = strict_json(alert).encode(), None
         for attempt in range(self.retries):
             try:  # whatever one POST raises (http.client's own errors too) is that alert's failure, not the thread's
                 req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                with _OPENER.open(req, timeout=self.timeout_s) as r:
                     if 200 <= r.status < 300:
                         return None
                     error = f"HTTP {r.status}"
+            except urllib.error.HTTPError as e:
+                error = f"HTTP {e.code} {e.reason}"
+                if 300 <= e.code < 400:
+                    to = urllib.parse.urljoin(self.url, e.headers.get("Location", ""))
+                    error += f", redirected to {to}: set monitor.webhook_url to that URL (a POST that follows a " \
+                             "redirect loses its body)"
             except Exception as e:
                 error = str(getattr(e, "reason", e)) or type(e).__name__
             if attempt + 1 < self.retries:
@@ -135,9 +153,19 @@ def _serve_error(e: OSError, addr: str, port: int) -> UserError:
                      f"on {addr}:{port} ({e.strerror or e}); {fix}")
 
 
+def _port_in_range(port: int) -> None:
+    """A rank's port past 65535: monitor.prometheus_port itself is checked at the config load, but with
+    monitor.prometheus_per_rank each rank adds its LOCAL_RANK, and bind() would raise an OverflowError."""
+    if not 0 < port <= 65535:
+        raise UserError(f"monitor.prometheus_port: this rank's /metrics port {port} (prometheus_port + LOCAL_RANK, "
+                        f"monitor.prometheus_per_rank) is past 65535; set monitor.prometheus_port so that it plus "
+                        f"the ranks per node stays within 1024-65535")
+
+
 def check_port(port: int, addr: str) -> None:
     """Bind addr:port and let it go again: a port in use or an address not of this host is refused before the
     run directory (or an earlier run in it) is touched; the server itself starts with the monitor."""
+    _port_in_range(port)
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
                                                        flags=socket.AI_PASSIVE)[0]
@@ -162,6 +190,7 @@ class Prometheus:
         except ImportError:
             raise UserError("monitor.prometheus_port is set but prometheus-client is not installed: "
                             "pip install 'turbotrain[monitor]' (or set monitor.prometheus_port=0)") from None
+        _port_in_range(port)
         self.registry, self.rank = pc.CollectorRegistry(), str(rank)
         self.gauges = {k: pc.Gauge(f"turbotrain_{k}", f"{k} at the last log step", ["rank"], registry=self.registry)
                        for k in self.GAUGES}

@@ -2,7 +2,9 @@
 (JSONL, TensorBoard, CSV, W&B, MLflow), and `build_tracker` that turns a `monitor.trackers` entry into one.
 
 A tracker of your own is any object with `log(row)` and `close()`; name it in the config as
-"pkg.module:factory", where `factory(run_dir, start_step) -> Tracker`.
+"pkg.module:factory", where `factory(run_dir, start_step) -> Tracker`. One that sets `best_effort = True` (as
+W&B and MLflow do: a server elsewhere) is turned off with a warning when its `log` raises, and the run goes on;
+otherwise its failure ends the run.
 Rank 0 only: MetricsLogger builds trackers on the main process alone.
 
 A write that fails (a full disk, a run directory that became read-only) is one UserError naming the file and
@@ -15,8 +17,6 @@ import contextlib
 import csv
 import errno
 import io
-import json
-import math
 import os
 import threading
 import time
@@ -26,6 +26,7 @@ from typing import Protocol
 from turbotrain.errors import UserError
 from turbotrain.files import room_left
 from turbotrain.log import say
+from turbotrain.rundir import strict_json
 
 BUILTIN = ("jsonl", "tensorboard", "csv", "wandb", "mlflow")
 
@@ -39,9 +40,11 @@ class Tracker(Protocol):
 
 
 def scalars(row: dict) -> dict[str, float]:
-    """The row's finite numbers other than the step (what scalar dashboards can plot)."""
-    return {k: float(v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    """The row's numbers other than the step, NaN/inf included: TensorBoard, W&B and MLflow each draw them as such,
+    and a loss left out at its NaN would end the curve on the last finite value, hiding what stopped the run.
+    (An int too large for a float, a damaged one, is no scalar.)"""
+    return {k: float(v) for k, v in row.items() if k != "step" and (
+        isinstance(v, float) or isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2 ** 1023)}
 
 
 def write_error(what: str, path: Path, e: OSError, kept: str = "the rows logged so far are kept") -> UserError:
@@ -101,7 +104,7 @@ class JsonlTracker:
 
     def log(self, row: dict) -> None:
         try:
-            append_whole(self.f, (json.dumps(row) + "\n").encode())
+            append_whole(self.f, (strict_json(row) + "\n").encode())
         except OSError as e:
             self.failed = True
             raise write_error("metrics", self.path, e) from None
@@ -130,7 +133,10 @@ class TensorBoardTracker:
     def __init__(self, run_dir: Path, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
+        from turbotrain.report import refuse_links
+
         self.dir, self.failed = run_dir / "tb", False
+        refuse_links([], folders=[self.dir])  # a file there (EEXIST, "make it writable") or a link to elsewhere
         _quiet_writer_threads()
         _after_existing_event_files(self.dir)
         try:
@@ -265,6 +271,8 @@ class WandbTracker:
     step it resumed from, so no step is drawn twice). Its local files go to {run_dir}/wandb; WANDB_MODE=offline
     keeps them there (`wandb sync` uploads them later). Project: $WANDB_PROJECT, else "turbotrain"."""
 
+    best_effort = True  # a failure mid-run turns W&B off with a warning, not the run (MetricsLogger)
+
     def __init__(self, run_dir: Path, start_step: int = 0):
         wandb = _import("wandb")
         (run_dir / "wandb").mkdir(exist_ok=True)
@@ -284,6 +292,8 @@ class MlflowTracker:
     $MLFLOW_EXPERIMENT_NAME), logged to $MLFLOW_TRACKING_URI, else to a store in {run_dir}/mlflow: SQLite
     where SQLAlchemy is installed (full mlflow), else MLflow's file store (mlflow-skinny; MLflow >= 3.7 wants
     MLFLOW_ALLOW_FILE_STORE=true for it). Uses a client of its own: the global MLflow state is left alone."""
+
+    best_effort = True  # a failure mid-run turns MLflow off with a warning, not the run (MetricsLogger)
 
     def __init__(self, run_dir: Path, start_step: int = 0):
         _import("mlflow")
@@ -391,7 +401,8 @@ def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tr
         try:
             return TensorBoardTracker(run_dir, start_step)
         except ImportError:
-            say("monitor: tensorboard is not installed; no TensorBoard events")
+            say("warning: monitor: tensorboard is not installed, so this run writes no TensorBoard events (tb/); "
+                "pip install tensorboard, or leave \"tensorboard\" out of monitor.trackers")
             return None
     if spec in ("csv", "wandb", "mlflow"):
         return {"csv": CsvTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}[spec](run_dir, start_step)
