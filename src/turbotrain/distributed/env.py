@@ -374,23 +374,21 @@ class LaggedVote:
         if self.device.type == "cuda":
             work.wait()  # NCCL: the stream waits for the reduce, the host does not
             self.host.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self.pending = (None, event)
+            self.pending, self.value = torch.cuda.Event(), self.host
+            self.pending.record()
         else:
-            self.pending = (work, t)  # gloo's wait blocks the host: left to the next step's read
+            self.pending, self.value = work, t  # gloo's wait blocks the host: left to the next step's read
         return agreed
 
     def _read(self) -> bool:
         if self.pending is None:
             return False
-        waitable, t = self.pending
-        self.pending = None
-        if isinstance(waitable, torch.cuda.Event):
-            waitable.synchronize()
-            return bool(self.host[0])
-        waitable.wait()
-        return bool(t[0])
+        waiting, self.pending = self.pending, None
+        if isinstance(waiting, torch.cuda.Event):
+            waiting.synchronize()
+        else:
+            waiting.wait()
+        return bool(self.value[0])
 
 
 def all_gather_floats(value: float, device: torch.device) -> list[float]:
