@@ -51,7 +51,7 @@ from turbotrain.errors import UserError
 from turbotrain.files import path_arg, room_left, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import unwrap
-from turbotrain.rundir import write_fix
+from turbotrain.rundir import moving_aside, write_fix
 
 
 @dataclass
@@ -461,7 +461,7 @@ class Checkpointer:
         failure: BaseException | None = None
         if self.rank == 0:
             try:
-                shutil.rmtree(tmp, ignore_errors=True)
+                self._clear_stale()  # a kill mid-write left them: their space is this save's
                 tmp.mkdir(parents=True)
             except OSError as e:
                 failure = e
@@ -601,8 +601,11 @@ class Checkpointer:
             else:
                 reason = f"{type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:120]}"
         inner = _dcp_inner(failure) if failure is not None else None
-        limit = isinstance(inner, OSError) and inner.errno in (errno.EFBIG, errno.EMFILE, errno.ENFILE)
-        if limit or _fsize_limited(inner):  # a per-process limit: free space would not help
+        # a per-process limit or a folder this run may not write (read-only mount, permissions): free space would
+        # not help
+        limit = isinstance(inner, OSError) and inner.errno in (errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.EACCES,
+                                                               errno.EPERM, errno.EROFS)
+        if limit or _fsize_limited(inner):
             why = write_fix(inner) if limit else write_fix(OSError(errno.EFBIG, "File too large"))
             return f"checkpoint: cannot write {tmp} ({reason}); the earlier checkpoints are kept; {why}"
         free = room_left(self.dir)
@@ -628,11 +631,16 @@ class Checkpointer:
         """Move an earlier run's checkpoints to checkpoints.old-N (kept, never deleted)."""
         if not self.list():
             return
-        n = 1
-        while (dest := self.dir.with_name(f"checkpoints.old-{n}")).exists():
-            n += 1
-        os.replace(self.dir, dest)
+        dest = self._old_dir()
+        with moving_aside("the earlier checkpoints", dest):
+            os.replace(self.dir, dest)
         say(f"checkpoint: starting fresh; the earlier checkpoints were moved to {dest}")
+
+    def _old_dir(self) -> Path:
+        n = 1  # a free N: neither the folder nor its metrics beside it (see _set_aside_later) is there
+        while any(os.path.lexists(self.dir.with_name(f"checkpoints.old-{n}{end}")) for end in ("", ".metrics.jsonl")):
+            n += 1
+        return self.dir.with_name(f"checkpoints.old-{n}")
 
     def _set_aside_later(self, step: int) -> None:
         """The checkpoints past the one resumed from — damaged ones fallen back past, or another timeline's (a
@@ -641,14 +649,18 @@ class Checkpointer:
         later = [p for p in self.list() if int(p.name.removeprefix("step-")) > step]
         if not later:
             return
-        n = 1
-        while (dest := self.dir.with_name(f"checkpoints.old-{n}")).exists():
-            n += 1
-        dest.mkdir()
-        for p in later:
-            os.replace(p, dest / p.name)
+        dest = self._old_dir()
+        with moving_aside(f"the checkpoints past step {step}", dest):
+            dest.mkdir()
+            for p in later:
+                os.replace(p, dest / p.name)
+            # the resume trims metrics.jsonl's rows past `step`: the curve of the timeline left is kept beside its
+            # checkpoints (outside their folder, which holds checkpoints only)
+            metrics, kept = self.dir.parent / "metrics.jsonl", dest.with_name(f"{dest.name}.metrics.jsonl")
+            if metrics.is_file() and not metrics.is_symlink():
+                shutil.copyfile(metrics, kept)
         say(f"checkpoint: resuming from step {step}; the {len(later)} later checkpoint(s) ({later[0].name} ...) were "
-            f"moved to {dest}")
+            f"moved to {dest}" + (f", that timeline's metrics to {kept.name}" if kept.is_file() else ""))
 
     @property
     def from_elsewhere(self) -> bool:
@@ -659,7 +671,11 @@ class Checkpointer:
         # only whole checkpoints count (a stray empty step folder is not one, and must not push a good one out)
         for old in [p for p in self.list() if (p / "meta.json").is_file()][:-self.cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
-        for stale in self.dir.glob(".tmp-step-*"):  # left by a kill mid-write: never a checkpoint, only space
+
+    def _clear_stale(self) -> None:
+        """Temp folders of saves a kill cut short: never a checkpoint, only space (none is in flight here: `save`
+        sealed the last one first)."""
+        for stale in self.dir.glob(".tmp-step-*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)
 
@@ -725,12 +741,7 @@ class Checkpointer:
         if self.cfg.resume != "auto":
             path, key = Path(self.cfg.resume), f"checkpoint.resume = {self.cfg.resume!r}"
             if not path.is_dir() or not (path / "meta.json").exists():  # a run's folder, say, or a typo
-                inside = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
-                what = ("not a checkpoint folder (no meta.json)" if path.is_dir() else
-                        "no such folder (a file is there)" if path.exists() else "no such folder")
-                example = inside[-1] if inside else "RUN/checkpoints/step-00001000"
-                raise UserError(f"{key}: {what}; name a checkpoint folder, e.g. {example}, or \"auto\" (the run's "
-                                f"latest)")
+                raise UserError(f"{key}: {_not_a_checkpoint(path)}, or \"auto\" (the run's latest)")
             problem = self.verify(path)
             if problem:
                 raise UserError(f"{key}: corrupt checkpoint ({problem}); name another checkpoint folder, or \"auto\"")
@@ -900,6 +911,10 @@ class Checkpointer:
             diff = sorted(set(mine) ^ set(theirs)) or [k for k in mine if mine[k] != theirs.get(k)]
             raise UserError(f"checkpoint {path} was written by another model (differs at {diff[0]}); "
                             f"use another run.name or checkpoint.resume=\"never\"")
+        if "model" in expect and (change := _model_change(meta.get("config"), expect["model"])):
+            raise UserError(f"checkpoint {path} was written with {change}: its weights are read under the model they "
+                            f"were trained as; keep the checkpoint's value, use another run.name, or "
+                            f"checkpoint.resume=\"never\"")
         if meta.get("global_batch") != expect["global_batch"]:
             raise UserError(
                 f"checkpoint {path} was written with global batch {meta.get('global_batch')} (world size "
@@ -922,18 +937,58 @@ class Checkpointer:
                             f"with {LAYOUTS[theirs][1]} (at any world size), or checkpoint.resume=\"never\"")
 
     def _agree(self, code: int) -> int:
-        """The largest `code` over all ranks (a collective; the identity in one process)."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-            return code
-        nccl = dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        t = torch.tensor([code], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return agree(code)
 
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
+
+
+def _model_change(config: Any, model: dict) -> str | None:
+    """The first model.name / model.args setting of the checkpoint's config (TOML) that this run's `model`
+    ({"name", "args"}) changes, said as "model.args.n_head = 2; this run has 4", else None. Shapes alone miss a
+    change that keeps them (heads, RoPE base, norm epsilon, an activation): the weights would be read under another
+    model. Dropout may change (it is no part of the weights' meaning); a config that does not parse says nothing."""
+    import tomllib
+
+    try:
+        old = tomllib.loads(config).get("model", {}) if isinstance(config, str) else None
+    except tomllib.TOMLDecodeError:
+        old = None
+    if not isinstance(old, dict):
+        return None
+    if old.get("name") != model["name"]:
+        return f"model.name = {old.get('name')!r}; this run has {model['name']!r}"
+    was, now = old.get("args") or {}, json.loads(json.dumps(model["args"] or {}, default=str))  # as TOML holds them
+    for k in sorted(set(was) | set(now), key=str):
+        if "dropout" not in str(k) and was.get(k) != now.get(k):
+            return (f"model.args.{k} = {was.get(k, 'unset')!r}; this run has {now.get(k, 'unset')!r}")
+    return None
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """What `path` (not a checkpoint folder) is, and the checkpoint folder the user likely meant: the run's, the
+    checkpoints folder's or the final/ folder's run's latest, or the checkpoint a file named lies in."""
+    if path.is_file() and (path.parent / "meta.json").is_file():
+        return f"a file inside a checkpoint; name its folder: {path.parent}"
+    final = path.is_dir() and (path / "final.json").is_file()
+    near = [path, path / "checkpoints", path.parent, path.parent / "checkpoints"]
+    steps = [p for d in near for p in sorted(d.glob("step-*")) if _STEP_DIR.fullmatch(p.name) and p.is_dir()]
+    what = ("a final/ model folder (weights only: no optimizer, LR schedule or step to resume)" if final else
+            "not a checkpoint folder (no meta.json)" if path.is_dir() else
+            "no such folder (a file is there)" if path.exists() else "no such folder")
+    return f"{what}; name a checkpoint folder, e.g. {steps[-1] if steps else 'RUN/checkpoints/step-00001000'}"
+
+
+def agree(code: int) -> int:
+    """The largest `code` over all ranks (a collective; the identity in one process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return code
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    t = torch.tensor([code], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _failed_future(future, e: BaseException):

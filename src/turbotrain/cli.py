@@ -95,25 +95,36 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--active", type=int, default=5, help="profiled steps (default 5)")
     c = with_config("config", "print the effective TOML of a config (auto values resolved), or the key reference")
     c.add_argument("--reference", action="store_true", help="print the reference of every section and key (markdown)")
-    e = sub.add_parser("env", help="device, versions, peak FLOP/s and recommended settings")
-    e.add_argument("--json", action="store_true")
-    d = sub.add_parser("data", help="list or fetch datasets")
+    e = _plain(sub, "env", "device, versions, peak FLOP/s and recommended settings")
+    e.add_argument("--json", action="store_true", help="print it as one JSON object")
+    d = _plain(sub, "data", "list or fetch datasets")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    dsub.add_parser("list", help="datasets and whether they are cached")
-    f = dsub.add_parser("fetch", help="fetch and prepare a dataset into the cache")
-    f.add_argument("name")
-    sub.add_parser("presets", help="list the built-in presets")
-    rp = sub.add_parser("report", help="PNG + markdown report of a run (report.png, report.md in RUN_DIR)")
-    rp.add_argument("run_dir", metavar="RUN_DIR")
-    w = sub.add_parser("watch", help="live terminal view of a running or finished run")
-    w.add_argument("run_dir", metavar="RUN_DIR")
+    _plain(dsub, "list", "datasets and whether they are cached")
+    f = _plain(dsub, "fetch", "fetch and prepare a dataset into the cache")
+    f.add_argument("name", help="a dataset of `turbotrain data list`, e.g. shakespeare")
+    _plain(sub, "presets", "list the built-in presets")
+    _run_dir_commands(sub)
+    return p
+
+
+def _plain(parent, name: str, help: str) -> argparse.ArgumentParser:
+    """A command whose own --help says what it does (argparse shows `help` only in the parent's list)."""
+    return parent.add_parser(name, help=help, description=help)
+
+
+def _run_dir_commands(sub) -> None:
+    run_dir = "a run's folder, e.g. runs/gpt-shakespeare"
+    rp = _plain(sub, "report", "PNG + markdown report of a run (report.png, report.md in RUN_DIR)")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help=run_dir)
+    w = _plain(sub, "watch", "live terminal view of a running or finished run")
+    w.add_argument("run_dir", metavar="RUN_DIR", help=run_dir)
     w.add_argument("--once", action="store_true", help="print one frame and exit")
     w.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
-    x = sub.add_parser("export", help="a run's trained model as safetensors or an HF directory")
-    x.add_argument("run_dir", metavar="RUN_DIR")
-    x.add_argument("--format", required=True, choices=("safetensors", "hf"), dest="fmt")
+    x = _plain(sub, "export", "a run's trained model as safetensors or an HF directory")
+    x.add_argument("run_dir", metavar="RUN_DIR", help=run_dir)
+    x.add_argument("--format", required=True, choices=("safetensors", "hf"), dest="fmt",
+                   help="safetensors: any model; hf: a model built from Hugging Face (model.name = \"hf:...\")")
     x.add_argument("--out", default=None, metavar="DIR", help="default: RUN_DIR/export/FORMAT")
-    return p
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[str]:
@@ -171,11 +182,28 @@ def _split_config(config: str | None, overrides: list[str]) -> tuple[str | None,
     return config, overrides
 
 
+# Presets sized for a GPU. On a CPU gpt2-124m compiles for minutes before its first step, then takes tens of
+# seconds a step: with nothing said, a first-time user reads that as a hang.
+GPU_PRESETS = ("gpt2-124m", "llama-1b", "llama-8b", "resnet50-synthetic")
+
+
+def _say_if_gpu_preset_on_cpu(config: str | None) -> None:
+    import torch
+
+    from turbotrain.log import say
+
+    if config in GPU_PRESETS and not torch.cuda.is_available():
+        say(f"warning: {config} is sized for a GPU and this machine has none: its first step alone can take "
+            "minutes here; on a CPU try gpt-shakespeare or mlp-seed, or shrink it (model.args, data.batch_size)")
+
+
 def _train(args: argparse.Namespace) -> None:
     from turbotrain.config import load_config
     from turbotrain.trainer import train
 
-    train(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)
+    _say_if_gpu_preset_on_cpu(args.config)
+    train(cfg)
 
 
 def _check_processes(n: int, flag: str) -> None:
@@ -233,7 +261,9 @@ def _profile(args: argparse.Namespace) -> None:
 
     if args.active < 1:
         raise UserError("--active must be >= 1")
-    run_profile(load_config(args.config, args.overrides), active=args.active)
+    cfg = load_config(args.config, args.overrides)
+    _say_if_gpu_preset_on_cpu(args.config)
+    run_profile(cfg, active=args.active)
 
 
 def _config(args: argparse.Namespace) -> None:

@@ -134,6 +134,37 @@ def did_you_mean(word: Any, choices: list[str]) -> str:
     return f" (did you mean {by_norm[close[0]]}?)" if close else ""
 
 
+def _sections_of(key: Any) -> list[str]:
+    """The sections that have a key of this name (lr → [train]), for a key written in the wrong one."""
+    return [name for name, cls in typing.get_type_hints(Config).items()
+            if isinstance(key, str) and key in {f.name for f in dataclasses.fields(cls)}]
+
+
+def _elsewhere(key: Any) -> str:
+    """" (lr is a key of [train]: train.lr)" for a key that belongs to another section; "" when none has it."""
+    if key == "extends":  # TOML puts every key after a [section] header into that section
+        return " (extends goes at the top of the file, before any [section] header)"
+    if key in typing.get_type_hints(Config):  # train.compile = true for compile.enabled = true
+        first = dataclasses.fields(typing.get_type_hints(Config)[key])[0].name
+        return f" ({key} is a section of its own: [{key}], e.g. {key}.{first})"
+    homes = _sections_of(key)
+    return f" ({key} is a key of {' and '.join(f'[{h}]' for h in homes)}: {homes[0]}.{key})" if homes else ""
+
+
+def _retype_hint(value: Any, tp: Any) -> str:
+    """How to write a value TOML read as the wrong type: a number in quotes ("1e-3"), an integer as 1e3."""
+    if isinstance(value, float) and value.is_integer() and _coerce(int(value), tp)[0]:
+        return f"; write {int(value)}"
+    if isinstance(value, str) and value.strip():
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except (tomllib.TOMLDecodeError, ValueError):
+            return ""
+        if not isinstance(parsed, str) and _coerce(parsed, tp)[0]:
+            return f"; write it without quotes: {value.strip()}"
+    return ""
+
+
 def _build_section(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, dict):
         raise UserError(f"[{section}] must be a table, got {show_value(table)}")
@@ -143,12 +174,13 @@ def _build_section(cls: type, table: Any, section: str) -> Any:
     for key, value in table.items():
         if key not in fields:
             raise UserError(f"unknown key {section}.{show_value(key) if _bad_text(key) else key}"
-                            f"{did_you_mean(key, list(fields))}; valid keys in [{section}]: {', '.join(fields)}")
+                            f"{_elsewhere(key) or did_you_mean(key, list(fields))}; "
+                            f"valid keys in [{section}]: {', '.join(fields)}")
         ok, value = _coerce(value, hints[key])
         if not ok:
             scalar = isinstance(value, (int, float, datetime.date, datetime.time))  # TOML read 1, true, a date
             quote = f"; quote it to make it a string: \"{show_value(value)}\"" \
-                if scalar and "a string" in _describe(hints[key]) else ""
+                if scalar and "a string" in _describe(hints[key]) else _retype_hint(value, hints[key])
             raise UserError(f"{section}.{key} = {show_value(value)}: expected {_describe(hints[key])}{quote}")
         # nan/inf pass every range check (nan < 0 is False): refused here for every float field, unless the
         # field says otherwise with dataclasses.field(metadata={"nonfinite": True})
@@ -168,9 +200,16 @@ def config_from_dict(raw: dict) -> Config:
     hints = typing.get_type_hints(Config)
     kwargs = {}
     for name, table in raw.items():
+        if name not in sections and not isinstance(table, dict):  # a key above every [section] header
+            home = _sections_of(name)[:1]
+            fix = f"write it under [{home[0]}] in the file, or as {home[0]}.{name}=... on the command line" if home \
+                else f"keys go under a [section]; valid sections: {', '.join(sections)}"
+            raise UserError(f"{show_value(name) if _bad_text(name) else name} = {show_value(table)[:60]} is outside "
+                            f"any section{_elsewhere(name)}; {fix}")
         if name not in sections:
             raise UserError(f"unknown section [{show_value(name) if _bad_text(name) else name}]"
-                            f"{did_you_mean(name, list(sections))}; valid sections: {', '.join(sections)}")
+                            f"{did_you_mean(name, list(sections)) or _elsewhere(name)}; "
+                            f"valid sections: {', '.join(sections)}")
         kwargs[name] = _build_section(hints[name], table, name)
     return Config(**kwargs)
 
@@ -221,8 +260,12 @@ def _override_key(item: str) -> tuple[list[str], str] | None:
 def apply_override(raw: dict, item: str) -> None:
     split = _override_key(item)
     if split is None or len(split[0]) < 2:
+        homes = _sections_of(split[0][0]) if split and len(split[0]) == 1 else []
+        if homes:  # lr=1e-3: the key alone, its section left out
+            raise UserError(f"override {show_value(item)}: no section given; did you mean {homes[0]}.{item.strip()}?")
+        spaced = "; write KEY=VALUE as one argument, with no spaces around the =" if "=" not in item.strip(" =") else ""
         raise UserError(f"override {show_value(item)}: expected SECTION.KEY=VALUE, e.g. train.steps=30 "
-                        '(quote a key holding spaces or dots: model.args."a b"=1)')
+                        f'(quote a key holding spaces or dots: model.args."a b"=1){spaced}')
     (*path, last), text = split
     node = raw
     for part in path:

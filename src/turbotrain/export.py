@@ -26,7 +26,7 @@ import shutil
 import uuid
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from turbotrain.errors import UserError
 from turbotrain.files import path_arg, sha256
 from turbotrain.log import say
 from turbotrain.models.structure import model_class_name
-from turbotrain.rundir import RunDir
+from turbotrain.rundir import RunDir, write_fix
 
 FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
 
@@ -111,14 +111,32 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool, step: int |
     """Write `run_dir/final/` (see the module docstring) at the end of a run; all ranks call (FSDP2 gathers),
     rank 0 writes, atomically. `step`: the step the model is of (None: cfg.train.steps, where every run that
     finishes ends); `passed`: the newest checkpoint an export passed over as unreadable, if any (see
-    _newer_checkpoint). Usage: `write_final(trainee.model, cfg, run_dir, env.is_main)`."""
-    from turbotrain.config import to_toml
+    _newer_checkpoint). A failed write is a warning where checkpoints hold the model, else a UserError on every
+    rank (with checkpoint.every = 0 the trained model would be lost under a run that says it is done).
+    Usage: `write_final(trainee.model, cfg, run_dir, env.is_main)`."""
+    from turbotrain.checkpoint import agree
 
     user = _user_module(model)
     state = _full_state(user)
-    if not is_main:
+    final = run_dir / FINAL
+    failure = _write_final_files(user, state, cfg, final, step, passed) if is_main else None
+    if not cfg.checkpoint.every and agree(1 if failure else 0):
+        why = f"{failure.strerror or failure}; {write_fix(failure)}" if failure else "on rank 0"
+        raise UserError(f"{final} could not be written ({why}): with checkpoint.every = 0 no checkpoint holds the "
+                        "trained model, so the run is not done; rerun it, with checkpoint.every = N to keep progress")
+    if failure is not None:  # the run is done and its metrics are written: say it, keep the summary
+        say(f"warning: {final} not written ({failure.strerror or failure}); the checkpoints hold the model")
         return None
-    final, tmp = run_dir / FINAL, run_dir / f".{FINAL}-{uuid.uuid4().hex[:8]}.tmp"
+    return final if is_main else None
+
+
+def _write_final_files(user: nn.Module, state: dict, cfg, final: Path, step: int | None,
+                       passed: int | None) -> OSError | None:
+    """final/ written aside, then renamed over the earlier one (moved aside first, put back on failure): no
+    moment holds neither model whole. The failure, if any."""
+    from turbotrain.config import to_toml
+
+    tmp, old = (final.with_name(f".{FINAL}-{uuid.uuid4().hex[:8]}.{end}") for end in ("tmp", "old"))
     try:
         tmp.mkdir(parents=True)
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
@@ -129,15 +147,20 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool, step: int |
         if passed is not None:
             info["passed"] = passed
         (tmp / "final.json").write_text(json.dumps(info, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists() or final.is_symlink():
+            os.replace(final, old)
         os.replace(tmp, final)
-    except OSError as e:  # the run is done and its metrics are written: say it, keep the summary
-        say(f"warning: {final} not written ({e.strerror or e}); the checkpoints, if any, hold the model")
-        return None
+    except OSError as e:
+        if (old.exists() or old.is_symlink()) and not final.exists():
+            with suppress(OSError):
+                os.replace(old, final)
+        return e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    if old.is_symlink():
+        old.unlink()
+    shutil.rmtree(old, ignore_errors=True)
+    return None
 
 
 def _final_dir(run_dir: str | os.PathLike) -> Path:
@@ -156,7 +179,7 @@ def _final_dir(run_dir: str | os.PathLike) -> Path:
                                 f"{at}'s by naming {d}")
             return d
     if not _holds_run_files(root):
-        raise UserError(f"{run_dir}: {NOT_A_RUN}")
+        _not_a_run(run_dir, root)
     if not _checkpoints(root):
         raise UserError(f"{run_dir}: {NO_MODEL}")
     raise UserError(f"{run_dir}: no {FINAL}/{WEIGHTS} (the run did not finish); `turbotrain export {run_dir} "
@@ -200,9 +223,10 @@ def _existing_dir(run_dir: str | os.PathLike) -> Path:
     if not str(run_dir).strip():
         raise UserError("RUN_DIR '': names no folder (an unset shell variable?); name a run's folder, e.g. runs/NAME")
     root = path_arg("run_dir", run_dir)
+    if root.exists() and not root.is_dir():
+        _not_a_run(run_dir, root, "a file")  # final/model.safetensors, say: the run it lies in is named
     if not root.is_dir():
-        raise UserError(f"{run_dir}: " + ("a file, not a run directory; name the run's folder, e.g. runs/NAME"
-                                          if root.exists() else "no such run directory"))
+        raise UserError(f"{run_dir}: no such run directory")
     return root
 
 
@@ -507,13 +531,23 @@ def _run_root(run_dir: str | os.PathLike) -> Path:
     if root.resolve().name == FINAL:
         root = root.resolve().parent
     if not (root / WEIGHTS).is_file() and not _holds_run_files(root):
-        from turbotrain.report import enclosing_run
-
-        if (run := enclosing_run(root)) is not None:  # a checkpoint folder, say
-            raise UserError(f"{run_dir}: not a run directory but a folder inside the run {run}; name the run: "
-                            f"{run} (it is exported from its final/, else from its latest checkpoint that verifies)")
-        raise UserError(f"{run_dir}: {NOT_A_RUN}")
+        _not_a_run(run_dir, root)
     return root
+
+
+def _not_a_run(run_dir: str | os.PathLike, root: Path, what: str = "a folder"):
+    """Refuse `root`, which holds no run, naming the run it lies inside (a checkpoint folder, say) if any: export
+    and load both take the run, whose final/ (else latest checkpoint that verifies) holds its model."""
+    from turbotrain.report import enclosing_run
+
+    if (run := enclosing_run(root)) is not None:
+        kind = "a file, not a run directory," if what == "a file" else "not a run directory but a folder"
+        raise UserError(f"{run_dir}: {kind} inside the run {run}; name the run: {run} "
+                        f"(its model is its {FINAL}/; `turbotrain export {run}` writes one from its latest checkpoint "
+                        f"that verifies if the run did not finish)")
+    if what == "a file":
+        raise UserError(f"{run_dir}: a file, not a run directory; name the run's folder, e.g. runs/NAME")
+    raise UserError(f"{run_dir}: {NOT_A_RUN}")
 
 
 def _export_dest(root: Path, fmt: str, out: str | os.PathLike | None) -> tuple[Path, bool]:

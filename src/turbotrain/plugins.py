@@ -145,6 +145,11 @@ def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
     except TypeError as e:
         valid = argument_names(fn, len(args))
         takes = f"valid {key}: {', '.join(valid)}" if valid else f"it takes no {key}" if valid == [] else ""
+        from turbotrain.config import did_you_mean
+
+        wrong = next((k for k in kwargs if valid and k not in valid), None)
+        if wrong is not None and (close := did_you_mean(wrong, valid)):
+            takes = f"{key}.{wrong}{close}; {takes}"
         raise UserError(f"{key}: {factory_label(fn)}() {e}" + (f"; {takes}" if takes else "")) from None
     except ValueError:  # no signature to check (some builtins)
         pass

@@ -319,7 +319,10 @@ def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: b
     to the step resumed from."""
     fresh = start_step == 0 or from_elsewhere
     if fresh and (moved := rundir.set_aside()):
-        say(f"run: {rundir.path} held an earlier run; it was moved to {moved}")
+        why = "" if start_step or from_elsewhere or cfg.checkpoint.resume == "never" else (
+            " (it left no checkpoint to resume from, so this run starts at step 0: checkpoint.every = N saves them, "
+            "and a rerun with a higher train.steps then continues)")
+        say(f"run: {rundir.path} held an earlier run; it was moved to {moved}{why}")
     note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not rebuild "
             "them\n" if given else "")
     write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
@@ -495,7 +498,7 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
         return 0, cfg
     t = cfg.train
     expect = {"param_shapes": shapes, "global_batch": global_batch, "optimizer": t.optimizer, "dtype": tr.dtype,
-              "strategy": cfg.parallel.strategy}
+              "strategy": cfg.parallel.strategy, "model": {"name": cfg.model.name, "args": dict(cfg.model.args)}}
     step = ckpt.load(path, tr.model, tr.opt, tr.sched, tr.scaler, expect)
     if ckpt.loaded is None:  # every checkpoint was damaged (kept in checkpoints.old-N): a fresh start
         return 0, cfg

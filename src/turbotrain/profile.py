@@ -59,6 +59,7 @@ from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
+from turbotrain.models.structure import WithLoss
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare, process_state_kept
 from turbotrain.report import refuse_links
@@ -74,7 +75,8 @@ MATMUL_WORDS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "conv1d", "
 
 def op_class(name: str) -> str:
     n = name.lower()
-    if "nccl" in n or "allreduce" in n or "all_gather" in n or "reduce_scatter" in n:
+    if n.startswith("gloo:") or any(k in n for k in ("nccl", "allreduce", "all_reduce", "all_gather",
+                                                     "reduce_scatter")):
         return "communication"
     if "memcpy" in n or "memset" in n or "copy_" in n or n.startswith("aten::to") or "cat" == n.split("::")[-1]:
         return "memory copy"
@@ -151,10 +153,11 @@ def _kernel_phases(events, device_evts, kernels) -> list[str | None]:
     return out
 
 
-def _calls(evt):
-    """The torch ops called directly inside a host range, looking through nested ranges."""
+def _calls(evt, skip: str = ""):
+    """The torch ops called directly inside a host range, looking through nested ranges but those named `skip`."""
     for c in evt.cpu_children:
-        yield from (_calls(c) if _is_annotation(c) else (c,))
+        if c.name != skip:
+            yield from (_calls(c, skip) if _is_annotation(c) else (c,))
 
 
 def _numel(evt) -> int:
@@ -227,11 +230,17 @@ def host_reads(events, n_steps: int) -> float:
     return max(reads, waits) / max(1, n_steps)
 
 
+# torch._assert_async (a bounds check, as the fused loss makes on its targets) reads its flag on a CPU, yet on a
+# GPU it raises from the kernel without a host wait: no read the user could or should remove
+ASYNC_ASSERTS = {"aten::_assert_async", "aten::_functional_assert_async"}
+
+
 def _read_inside_read(e) -> bool:
-    """One read, however many read ops it runs (aten::item calls _local_scalar_dense, t[mask] calls nonzero)."""
+    """One read, however many read ops it runs (aten::item calls _local_scalar_dense, t[mask] calls nonzero); a
+    read inside an asynchronous assert is none."""
     p = e.cpu_parent
     while p is not None:
-        if p.name in READS:
+        if p.name in READS or p.name in ASYNC_ASSERTS:
             return True
         p = p.cpu_parent
     return False
@@ -254,6 +263,8 @@ def analyze(events, step_wall_s: float, n_steps: int, on_gpu: bool) -> tuple[dic
                 per[name] += e.cpu_time_total / 1e6
     if on_gpu:
         _device_parts(events, device_evts, per, n_steps)
+    else:
+        per["exposed_comm"] = _host_comm(events) / 1e6
     per = {k: v / n_steps for k, v in per.items()}
     measured = sum(v for k, v in per.items() if k != "host_overhead")
     per["host_overhead"] = max(0.0, step_wall_s - measured)
@@ -300,6 +311,23 @@ def _device_parts(events, device_evts, per: dict, n_steps: int) -> None:
     if unattributed > 0.05 * sum(per.values()):
         say(f"profile: {unattributed / n_steps * 1e3:.2f} ms/step of kernels could not be tied to a phase; "
             "they count as host overhead")
+
+
+def _host_comm(events) -> float:
+    """On a CPU, collectives run on the process group's threads (gloo:all_reduce), outside every phase: their time
+    that no op of forward/backward and no optimizer or data range covers is the step waiting for them (DDP waits at
+    backward's end), else read as host overhead ("Python outside torch ops")."""
+    comm = [(e.time_range.start, e.time_range.end) for e in events
+            if op_class(e.name) == "communication" and _phase_of(e) is None]
+    if not comm:
+        return 0.0
+    cover = []
+    for e in events:
+        if e.name in (phases.PREFIX + "forward", phases.PREFIX + "backward"):
+            cover += [(c.time_range.start, c.time_range.end) for c in _calls(e) if op_class(c.name) != "communication"]
+        elif e.name in (phases.PREFIX + "optimizer", phases.PREFIX + "data"):
+            cover.append((e.time_range.start, e.time_range.end))
+    return _exposed(comm, cover)
 
 
 def _exposed(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
@@ -350,7 +378,8 @@ def _data_advice(run: Run, data: float) -> list[dict]:
 
 def _comm_advice(run: Run, comm: float) -> list[dict]:
     cfg, strategy, recs = run.cfg, run.cfg.parallel.strategy, []
-    if strategy == "ddp":
+    grads_mb = sum(p.numel() * p.element_size() for p in run.trainee.model.parameters() if p.requires_grad) / 2**20
+    if strategy == "ddp" and grads_mb > cfg.parallel.bucket_cap_mb:  # else one bucket holds them all already
         recs.append(_rec(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb * 2}", f"{comm:.0%} of the step is "
                          "communication not hidden behind compute; larger buckets mean fewer, better-overlapped "
                          "all-reduces", comm))
@@ -429,6 +458,11 @@ def _optimizer_advice(run: Run, share: float) -> list[dict]:
     elif f["impl"] == "for" and ":" not in spec:
         recs.append(_rec('train.optimizer_impl="foreach"', f"the optimizer is {share:.0%} of the step: {size} one "
                          "tensor at a time; foreach batches the tensors", share))
+    elif not type(tr.opt).__module__.startswith("torch."):  # the user's own step: no key reaches its code
+        recs.append(_tip(f"make {f['name']}.step cheaper", f"the optimizer is {share:.0%} of the step and its step is "
+                         f"the user's own ({spec}): Python run per parameter or per slice, or host bookkeeping, each "
+                         "step; update all parameters at once with torch._foreach_* ops, or use a torch.optim "
+                         "optimizer (train.optimizer=\"adamw\" takes its fused kernel)", share))
     # its cost is per step, not per sample (a larger global batch: retune train.lr)
     recs.append(_rec(f"data.batch_size={run.cfg.data.batch_size * 2}", f"the optimizer is {share:.0%} of the step "
                      "and costs the same whatever the batch: a larger batch spreads it over twice the samples "
@@ -469,6 +503,7 @@ def _compute_advice(run: Run, compute: float) -> list[dict]:
 # a stall (time the step waits, not works) above its share is the verdict whatever else the step does
 STALLS = {"data": 0.2, "communication": 0.15, "host": 0.3}
 OPTIMIZER_SECONDARY = 0.25  # an optimizer share above which its advice is given under any verdict
+COMPUTE_SECONDARY = 0.25  # below this share of the step, forward+backward's own levers are not worth ranking
 
 
 def groups(shares: dict) -> dict[str, float]:
@@ -508,6 +543,30 @@ def describe(shares: dict, tiny: float = 0.0) -> str:
     return f"{LABELS.get(part, part)} {g[part]:.0%} of the step" + (f" ({rest})" if rest else "")
 
 
+def _with_breaks_tip(recs: list[dict], kind: str, shares: dict, stats: dict) -> list[dict]:
+    """Graph breaks in a compiled model, named with their reasons: each splits the step into more graphs and
+    more launches, with Python run between them; second under a host verdict (its own first lever), last else."""
+    if not stats.get("graph_breaks"):
+        return recs
+    g = groups(shares)
+    host = kind.startswith("host")
+    reasons = "; ".join(_break_reason(r) for r in stats.get("graph_break_reasons") or [])
+    tip = _tip("remove the graph breaks in the model's forward", f"torch.compile broke the model's graph "
+               f"{stats['graph_breaks']} time(s) ({reasons or 'see TORCH_LOGS=graph_breaks'}): the pieces run as "
+               "separate graphs with Python between them and nothing fused across; move prints, value-dependent "
+               "`if`s and .item() out of forward (torch.where, torch.cond)", g["host"] if host else
+               g["forward"] + g["backward"])
+    return [*recs[:1], tip, *recs[1:]] if host else [*recs, tip]
+
+
+def _break_reason(reason: str) -> str:
+    """Dynamo's reason in one line: its `Explanation:` where it gives one."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    why = next((ln[len("Explanation:"):].strip() for ln in lines if ln.startswith("Explanation:")), lines[0] if lines
+               else reason)
+    return why[:160]
+
+
 def _reads_tip(reads: float, share: float) -> dict:
     # CUDA graphs cannot capture a read either: the capture fails on the sync, so that advice is dropped with it
     return _tip("remove the host reads from the model and the loss", f"forward and backward read {reads:.0f} tensor "
@@ -517,11 +576,23 @@ def _reads_tip(reads: float, share: float) -> dict:
                 "callback", share)
 
 
-def _tiny_advice(run: Run, compute: float) -> list[dict]:
+LOOP_LOSS = 0.5  # a looping loss with this share of forward's op time is the first of the tiny ops to vectorize
+
+
+def _loss_tip(run: Run, loop_loss: float, share: float) -> dict:
+    return _tip("vectorize the loss", f"{loop_loss:.0%} of forward's torch ops are the loss's (train.loss = "
+                f"{run.cfg.train.loss!r}), which runs {LOSS_LOOP_OPS} or more small ops a micro-batch: a Python loop "
+                "(per sample, per position) is one op and its Python per iteration, at any batch size; compute it on "
+                "the whole batch at once", share)
+
+
+def _tiny_advice(run: Run, compute: float, loop_loss: float = 0.0) -> list[dict]:
     c = run.cfg.compile
     why = (f"forward+backward are {compute:.0%} of the step, mostly ops on tensors too small for their arithmetic "
            "to outweigh their per-op cost")
-    recs = _larger_batch(run, why, "each op's cost", compute)
+    # a per-sample loop costs the same per sample at any batch size: it goes first
+    recs = [_loss_tip(run, loop_loss, compute)] if loop_loss >= LOOP_LOSS else []
+    recs += _larger_batch(run, why, "each op's cost", compute)
     if not c.enabled:
         recs.append(_rec("compile.enabled=true", f"{why}: compiled, the elementwise ops fuse into fewer", compute))
     recs.append(_tip("vectorize the model's small ops", f"{why}: a Python loop of small tensor ops (per sample, "
@@ -530,7 +601,7 @@ def _tiny_advice(run: Run, compute: float) -> list[dict]:
 
 
 def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: float = 0.0,
-            f64: float = 0.0) -> tuple[str, list[dict]]:
+            f64: float = 0.0, loop_loss: float = 0.0) -> tuple[str, list[dict]]:
     """The bottleneck and ranked recommendations, the verdict's own first: every verdict but compute-bound
     comes with at least one. Each config recommendation can be pasted as it is on this machine: none names a
     device it does not have. `tiny`: tiny_op_share of a CPU step; `reads`: host_reads per step; `f64`:
@@ -543,7 +614,7 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
               "optimizer": _optimizer_advice}
     part = bottleneck(shares, 0.0 if on_gpu else tiny)
     if part == "host" and g["host"] < STALLS["host"]:
-        kind, recs = "host-overhead-bound", _tiny_advice(run, compute)
+        kind, recs = "host-overhead-bound", _tiny_advice(run, compute, loop_loss)
     elif part in STALLS or part == "optimizer":
         kind = {"data": "data-bound", "communication": "communication-bound", "optimizer": "optimizer-bound",
                 "host": "host/launch-bound" if on_gpu else "host-overhead-bound"}[part]
@@ -552,6 +623,8 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
         kind, recs = "memory-bound", _memory_advice(run, mem_frac)
     else:
         kind, recs = "compute-bound", []
+    if kind.startswith("host") and loop_loss >= LOOP_LOSS:  # the loss's loop is the host's work: no key reaches it
+        recs = [_loss_tip(run, loop_loss, recs[0]["evidence_share"]), *recs]
     if kind.startswith("host") and reads >= 1:  # the host waits on itself: no config key removes a read
         recs = [_reads_tip(reads, recs[0]["evidence_share"]), *recs]
     # then the other parts large enough to matter, largest first; compute-side advice last, whatever the verdict
@@ -565,8 +638,11 @@ def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: floa
             recs.append(_reads_tip(reads, g["host"]))
     if f64 >= F64_SHARE:  # first among the compute levers: no config key turns float64 off
         recs.append(_f64_tip(f64))
-    if not on_gpu and tiny >= TINY_BOUND:  # under any verdict, compute in tiny ops has the host's levers
-        recs += _tiny_advice(run, compute)
+    if loop_loss >= LOOP_LOSS:  # under any verdict: a per-sample loop costs as much per sample at any batch size
+        recs.append(_loss_tip(run, loop_loss, compute))
+    # under any verdict, compute in tiny ops has the host's levers: where compute is a part worth a lever
+    if not on_gpu and tiny >= TINY_BOUND and compute >= COMPUTE_SECONDARY:
+        recs += _tiny_advice(run, compute, loop_loss)
     recs += _compute_advice(run, compute)
     ranked, seen = [], set()
     for r in recs:  # one fix named by two parts is given once, at its first (higher) rank
@@ -664,14 +740,43 @@ def _one_step(run: Run, first: bool = False, hooks: Hooks | None = None) -> tupl
     return time.perf_counter() - t0, loss
 
 
+def _loss_split(tr) -> torch.nn.Module | None:
+    """The user's model where a separate train.loss follows it in eager forward: its calls are ranged so that
+    forward's ops outside them are the loss's (compiled, one graph holds both; model/fused losses are inside)."""
+    wl = getattr(tr.step_module, "module", tr.step_module)  # DDP wraps WithLoss
+    if tr.compiled or not isinstance(wl, WithLoss) or wl.loss_fn is None or wl.fused_loss is not None:
+        return None
+    return wl.model
+
+
+LOSS_LOOP_OPS = 32  # torch ops a forward's loss calls past which it is a Python loop (a built-in loss is 1 or 2)
+
+
+def loop_loss_share(events) -> float:
+    """The share of forward's torch ops called by the loss (outside the model's ranges, phases.MODEL), where it
+    calls LOSS_LOOP_OPS or more a forward (a per-sample loop); else 0. Counts, not times: in a tiny model a
+    built-in loss can take most of forward's time too, and a loaded machine moves times, never counts."""
+    fwd = [e for e in events if e.name == phases.PREFIX + "forward"]
+    model = sum(1 for e in fwd for m in _ranges(e, phases.MODEL) for _ in _calls(m))
+    loss = sum(1 for e in fwd for _ in _calls(e, skip=phases.MODEL))
+    return loss / (loss + model) if model and loss / len(fwd) >= LOSS_LOOP_OPS else 0.0
+
+
+def _ranges(evt, name: str):
+    """The outermost ranges called `name` under `evt`."""
+    for c in evt.cpu_children:
+        yield from ((c,) if c.name == name else _ranges(c, name))
+
+
 def _record(run: Run, wait: int, warmup: int, active: int, hooks: Hooks | None = None
             ) -> tuple[profile, list[float], list[torch.Tensor]]:
     on_gpu = run.trainee.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     phases.enable(True)
     times, losses = [], []
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
-                 record_shapes=True, profile_memory=True, with_stack=False) as prof:
+    with phases.model_range(_loss_split(run.trainee)), \
+            profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
+                    record_shapes=True, profile_memory=True, with_stack=False) as prof:
         for i in range(wait + warmup + active):
             if hooks is not None and i == wait + warmup:  # the callbacks' time in the profiled steps alone
                 hooks.spent = 0.0
@@ -724,8 +829,9 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
     tiny, reads = 0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active)
-    f64 = f64_share(prof.events())
-    kind, recs = verdict(shares, run, memory, tiny, reads, f64)
+    f64, loop_loss = f64_share(prof.events()), loop_loss_share(prof.events())
+    kind, recs = verdict(shares, run, memory, tiny, reads, f64, loop_loss)
+    recs = _with_breaks_tip(recs, kind, shares, compile_stats() if tr.compiled else {})
     kind, recs, part, detail = _loop_verdict(loop, total, shares, kind, recs, bottleneck(shares, tiny),
                                              describe(shares, tiny))
     bad = sum(not math.isfinite(float(loss)) for loss in losses)
@@ -742,7 +848,7 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
         "verdict": kind, "bottleneck": part, "verdict_detail": detail,
         "tiny_op_share": None if on_gpu else round(tiny, 4), "host_reads_per_step": reads,
-        "float64_op_share": round(f64, 4),
+        "float64_op_share": round(f64, 4), "loop_loss_share": round(loop_loss, 4),
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
         "loop": loop, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "

@@ -1,6 +1,7 @@
 """The run: its name, where its directory lives, its seed and device (the `[run]` section)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -128,6 +129,18 @@ def write_fix(e: OSError) -> str:
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "set run.out_dir to a folder you can write"
     return "free space under run.out_dir or choose another one"
+
+
+@contextlib.contextmanager
+def moving_aside(what: str, dest: Path):
+    """A block that moves an earlier run's files into `dest`: a move the filesystem refuses (a full disk for the new
+    folder, a read-only or foreign-owned folder) is one UserError; the renames are atomic, so each file is whole in
+    one place or the other, nothing deleted."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot move {what} aside to {dest} ({e.strerror or e}; nothing was deleted: each file is in "
+                        f"its old place or there); {write_fix(e)}") from None
 
 
 def write_run_file(path: Path, text: str) -> None:
@@ -271,10 +284,11 @@ class RunDir:
         n = 1
         while (dest := self.path / f"previous-{n}").exists():
             n += 1
-        dest.mkdir()
-        for name in RUN_FILES:
-            if (self.path / name).exists() or (self.path / name).is_symlink():
-                os.replace(self.path / name, dest / name)
+        with moving_aside("the earlier run", dest):
+            dest.mkdir()
+            for name in RUN_FILES:
+                if (self.path / name).exists() or (self.path / name).is_symlink():
+                    os.replace(self.path / name, dest / name)
         return dest
 
     def trim_metrics(self, step: int) -> None:

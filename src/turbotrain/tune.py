@@ -45,6 +45,9 @@ NO_SAVES = ["checkpoint.every=0", 'checkpoint.resume="never"', 'monitor.trackers
     (["checkpoint.final=false"] if "final" in {f.name for f in fields(CheckpointConfig)} else [])  # no weights out
 TRIAL_FIXED = ["train.eval_every=0", "data.eval_batches=0", "train.log_every=10", *NO_SAVES]
 MIN_GAIN = 0.01  # a trial replaces the best so far only when faster by more than this
+# a kept change whose one screening run gained less than this is weakly measured: one run on a busy machine swings
+# more, so the finalists also re-run the best without such changes (kept by noise, they would ride into tuned.toml)
+WEAK_GAIN = 0.10
 FINAL_GAIN = 0.02  # the winner must beat the input config's median by more than this, or nothing changes
 
 Runner = Callable[[str, dict, float, str], dict]  # (name, changes, timeout_s, what) -> outcome
@@ -131,6 +134,7 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
         out.update({k: s.get(k) for k in ("samples_per_s", "samples_per_s_median_window", "tokens_per_s",
                                           "peak_mem_gib", "compile_s", "mfu", "dtype", "final_loss", "val_loss",
                                           "val_acc", "device_name", "global_batch")})
+        out["window_spread"] = _window_spread(summary.parent / "metrics.jsonl")
         if s.get("compile_fell_back"):
             return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
@@ -150,6 +154,20 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
     # under torchrun a rank killed by SIGKILL (the kernel's OOM killer, as above) ends torchrun with exit 1
     status = "oom" if "out of memory" in reason.lower() or "sigkill" in reason.lower() else "error"
     return {**out, "status": status, "reason": f"exit {rc}: {reason}"}
+
+
+def _window_spread(metrics: Path) -> float | None:
+    """The run's own noise: the range of its log windows' samples/s over their median (None: under two windows).
+    A busy machine swings a window by tens of percent; a gain within that was not told apart from it."""
+    rates = []
+    try:
+        for line in metrics.read_text(errors="replace").splitlines():
+            rate = (json.loads(line) if line.strip().startswith("{") else {}).get("samples_per_s")
+            if type(rate) in (int, float) and 0 < rate < float("inf"):
+                rates.append(float(rate))
+    except (OSError, ValueError):
+        return None
+    return (max(rates) - min(rates)) / statistics.median(rates) if len(rates) >= 2 else None
 
 
 def _failure(log: Path) -> str:
@@ -282,6 +300,30 @@ class Search:
         self.best, ctx.best, ctx.best_fits = t, dict(t["config"]), True
         ctx.learn_memory(t.get("peak_mem_gib") if ctx.probe.on_gpu else None, micro, ckpt, oom=False)
 
+    def lean(self) -> dict | None:
+        """A trial record (not yet run) of the best so far rebuilt without its weakly measured changes, each a
+        change kept on one screening run whose gain was within noise (WEAK_GAIN, or the spread of the log windows
+        of its run or of the best before it); None where there is none (or only the input config would be left:
+        it is a finalist already)."""
+        config: dict = {}
+        weak: list[dict] = []
+        prev: dict = {}
+        for t in (x for x in self.trials if x["status"] == "ok"):  # the chain of bests, in order
+            # weak: a gain within WEAK_GAIN, or within the window spread of its run or of the best before it
+            noise = max(WEAK_GAIN, t.get("window_spread") or 0.0, prev.get("window_spread") or 0.0)
+            if t.get("gain") and t["gain"] < 1 + noise:
+                weak.append(t)
+            elif t["tried"]:
+                config.update(t["tried"])
+            prev = t
+        if not weak or not config:
+            return None
+        label = "the best without " + ", ".join(f"{t['label']} ({t['gain']:.2f}x on one run)" for t in weak)
+        t = {"id": f"t{len(self.trials):02d}", "dimension": "finalists", "label": label, "tried": {},
+             "config": config, "est_mem_gib": None, "without": [t["id"] for t in weak]}
+        self.trials.append(t)
+        return t
+
 
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40]
@@ -298,11 +340,21 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
     ok = sorted((t for t in search.trials if t.get("samples_per_s") and t["status"] in ("ok", "slower")),
                 key=lambda t: -t["samples_per_s"])
     picked: dict[str, dict] = {}
-    for t in [*[x for x in ok if x["config"]][:2], *[x for x in ok if not x["config"]]]:  # the input last
+    # each round re-runs the input config first and the fastest next: a round the budget cuts short loses the least
+    # promising re-run, never the reference every speedup and the noise rule compare with
+    for t in [*[x for x in ok if not x["config"]], *[x for x in ok if x["config"]][:2]]:
         picked.setdefault(_key(t["config"]), {"id": t["id"], "label": t["label"], "config": t["config"],
                                               "rates": [t["samples_per_s"]], "rounds": [t["samples_per_s"]],
                                               "trial": t})
     fins = search.finals = list(picked.values())
+    lean = search.lean() if repeats and len(fins) > 1 else None
+    if lean is not None and _key(lean["config"]) not in picked and _run_lean(lean, budget, run, keep_s, search):
+        # its screening run is its round 0; it re-runs right after the fastest, whose rival it is
+        at = next((i + 1 for i, f in enumerate(fins) if f["config"]), len(fins))
+        fins.insert(at, {"id": lean["id"], "label": lean["label"], "config": lean["config"], "trial": lean,
+                         "rates": [lean["samples_per_s"]], "rounds": [lean["samples_per_s"]]})
+    elif lean is not None:
+        search.trials.remove(lean)  # already a finalist: nothing to run
     for r in range(repeats if len(fins) > 1 else 0):
         for f in fins:
             if budget.left() - keep_s < f["trial"]["wall_s"] * 1.2:
@@ -316,6 +368,18 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
             if res.get("samples_per_s"):
                 f["rates"].append(res["samples_per_s"])
     return _rank(fins)
+
+
+def _run_lean(lean: dict, budget: Budget, run: Runner, keep_s: float, search: Search) -> bool:
+    """Screen the best without its weakly measured changes (a trial of its own, `finalists`); True if it ran."""
+    if budget.left() - keep_s < search.trial_s * 1.2:
+        lean.update(status="skipped", reason="budget: no time left to re-check the weakly measured changes")
+        return False
+    say(f"tune {budget.bar()} finalist {lean['label']} · {budget.left() / 60:.1f} min left")
+    lean.update(run(f"{lean['id']}-lean", lean["config"], budget.left() - keep_s, f"tune: finalist {lean['label']}"))
+    if lean["status"] != "ok":
+        say(f"tune: {lean['label']}: {lean['status']} ({lean['reason']})")
+    return lean["status"] == "ok"
 
 
 def _rank(fins: list[dict]) -> list[dict]:
@@ -333,8 +397,9 @@ def choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
     if not fins:
         return None, base, None
     top, note = fins[0], None
-    runner = next((f for f in fins[1:] if f is not base), None)
-    if top is not base and runner is not None and not _beats(top, runner):
+    close = [f for f in fins[1:] if f is not base and not _beats(top, f)]
+    if top is not base and close:  # within noise of the fastest: the fewest changes (the rest measured nothing)
+        runner = min(close, key=lambda f: len(f["config"]))
         note = f"{top['label']} ({_runs(top)}) and {runner['label']} ({_runs(runner)}) are within noise of each other"
         if len(runner["config"]) < len(top["config"]):
             top, note = runner, f"{note}: the one with fewer changes is kept"
@@ -342,8 +407,10 @@ def choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
         return base, base, (f"{top['label']} ({_runs(top)}) is within the noise of the input config ({_runs(base)}): "
                             f"it must be faster by more than {FINAL_GAIN:.0%} by median, in every round of runs, "
                             "and in each of its runs than the input config's median")
-    if top is not base and len(top["rates"]) < 2:
-        once = f"{top['label']} was measured once (--repeats 0, or no budget left to re-run it): its noise is unknown"
+    single = [f["label"] for f in (top, base) if f is not None and top is not base and len(f["rates"]) < 2]
+    if single:
+        once = (f"{' and '.join(single)} {'was' if len(single) == 1 else 'were'} measured once (--repeats 0, or no "
+                "budget left to re-run it): the comparison's noise is unknown")
         note = f"{note}; {once}" if note else once
     return top, base, note
 
@@ -479,9 +546,10 @@ class Tuning:
         self.search = search = Search(ctx, run, budget)
         self.phase = "the search"
         search.baseline()  # its wall time sizes the reserve for the finalists (and the convergence check)
-        # finalists take at most a quarter of the budget (they re-run only while it lasts); a convergence check
+        # finalists (the input, the two fastest, the best without its weakly measured changes) take at most a quarter
+        # of the budget (they re-run only while it lasts); a convergence check
         # needs its two full runs: up to half
-        budget.finals_s = min(0.25 * budget.total_s, search.trial_s * 3 * repeats)
+        budget.finals_s = min(0.25 * budget.total_s, search.trial_s * 4 * repeats)
         budget.checks_s = (min(0.5 * budget.total_s, search.trial_s * 2 * cfg.train.steps / TRIAL_STEPS)
                            if converge else 0.0)
         search.explore(dimensions(probe))

@@ -82,19 +82,23 @@ def _extends(config: str) -> str:
 
 
 def _effects(result: dict) -> dict[str, str]:
-    """Each changed key → the measured effect of the trial that brought it in: of the trials kept as the best,
-    those on the winner's own path (their whole configuration is in the winner's); a later best that set the same
-    key elsewhere measured another configuration."""
-    w = result["winner"] or {}
-    win = next((t["config"] for t in result["trials"] if t.get("id") == w.get("trial")), w.get("changes", {}))
+    """Each changed key → the measured effect of the trial that brought it in: the last of the winner's ancestors
+    (the trials kept as the best up to it, each built on the one before) that set the key to the winner's value.
+    A best after the winner measured another configuration; one the winner leaves out (`without`: the best
+    without its weakly measured changes) is no ancestor of it."""
+    w, trials = result["winner"] or {}, result["trials"]
+    at = next((i for i, t in enumerate(trials) if t.get("id") == w.get("trial")), None)
+    wt = trials[at] if at is not None else {"config": w.get("changes", {})}
+    win, without = wt["config"], set(wt.get("without", ()))
     out = {}
-    for t in result["trials"]:
-        path = t.get("config", t["tried"])
-        if t["status"] != "ok" or not t["tried"] or any(k not in win or win[k] != v for k, v in path.items()):
+    for t in trials[:None if at is None else at + 1]:
+        if t["status"] != "ok" or not t["tried"] or t["id"] in without:
             continue
         effect = f"{t['gain']:.2f}x over the best before it" if t.get("gain") else "first configuration that ran"
         for key, value in t["tried"].items():
-            out[(key, _toml_value(value))] = f"{t['label']}: {effect} ({t['id']}, {t['samples_per_s']:,.1f} samples/s)"
+            if key in win and win[key] == value:
+                out[(key, _toml_value(value))] = \
+                    f"{t['label']}: {effect} ({t['id']}, {t['samples_per_s']:,.1f} samples/s)"
     return out
 
 
@@ -161,7 +165,8 @@ def format_table(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for t in result["trials"]:
         rate = t.get("tokens_per_s") or t.get("samples_per_s")
-        tried = ", ".join(f"{k}={_toml_value(v)}" for k, v in t["tried"].items()) or "(input config)"
+        tried = ", ".join(f"{k}={_toml_value(v)}" for k, v in t["tried"].items()) or \
+            (f"(the best without {', '.join(t['without'])})" if t.get("without") else "(input config)")
         status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
         lines.append(f"| {t['id']} | {t['dimension']} | {tried} | {_f(rate, ',.1f')} | {_f(t.get('speedup'), '.2f')} | "
                      f"{_f(t.get('peak_mem_gib'), '.2f')} | {_f(t.get('compile_s'), '.1f')} | {status[:120]} |")

@@ -8,6 +8,7 @@ Usage:
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -89,7 +90,9 @@ def _alert_lines(run: RunFiles, width: int) -> list[str]:
     lines += [f"  ! {note}" for note in notes]
     for a in run.alerts[-5:]:
         msg = str(a.get("message", "")).split("\n", 1)[0]
-        lines.append(f"  step {a.get('step')} rank {a.get('rank')} {a.get('rule')}: {msg[:width + 40]}")
+        # wrapped, not cut: an alert's message ends with its fix
+        lines += textwrap.wrap(f"  step {a.get('step')} rank {a.get('rank')} {a.get('rule')}: {msg}", max(width, 40),
+                               subsequent_indent="      ")
     if not run.alerts and not notes:
         lines.append("  none")
     return lines

@@ -88,3 +88,76 @@ def test_a_torchrun_trial_whose_rank_was_sigkilled_is_out_of_memory(tmp_path):
                    "  traceback : Signal 9 (SIGKILL) received by PID 124\n")
     got = outcome(1, log, tmp_path / "summary.json", 3.0)
     assert got["status"] == "oom", got
+
+
+def test_a_resume_that_changes_the_model_but_not_its_shapes_is_refused(tmp_path, capsys):
+    """n_head 2 → 4 keeps every parameter's shape: the checkpoint loaded, and its weights were trained on under
+    another head split, unsaid. Dropout may change; the same args resume."""
+    gpt = [f"run.out_dir={lit(tmp_path)}", "run.name=g", 'model.name="gpt"', "model.args.n_layer=1",
+           "model.args.n_embd=16", "model.args.block_size=16", "data.args.block_size=16", "data.batch_size=4",
+           "compile.enabled=false", "checkpoint.every=2", "data.eval_batches=0", "train.log_every=1"]
+    assert main(["train", "gpt-shakespeare", *gpt, "model.args.n_head=2", "train.steps=2"]) == 0
+    capsys.readouterr()
+    rc = main(["train", "gpt-shakespeare", *gpt, "model.args.n_head=4", "train.steps=4"])
+    line = error_line(capsys.readouterr().err)
+    assert rc == 2 and "model.args.n_head = 2; this run has 4" in line and 'checkpoint.resume="never"' in line, line
+    assert main(["train", "gpt-shakespeare", *gpt, "model.args.n_head=2", "model.args.dropout=0.1",
+                 "train.steps=4"]) == 0
+    assert "resumed from step 2" in capsys.readouterr().out
+
+
+def test_watch_shows_an_alerts_whole_message_with_its_fix(tmp_path):
+    """watch cut each alert at ~120 characters: the fix, at the end of the message, was what was cut."""
+    from turbotrain.report import RunFiles
+    from turbotrain.watch import _alert_lines
+
+    msg = "throughput 12.5 samples/s is 20% of the median 61.2 of the earlier log windows " * 2 + "FIX: do this"
+    run = RunFiles(path=tmp_path, alerts=[
+        {"step": 7, "rank": 0, "rule": "throughput_drop", "message": msg}])
+    lines = _alert_lines(run, 80)
+    assert "FIX: do this" in " ".join(x.strip() for x in lines) and all(len(x) <= 80 for x in lines), lines
+
+
+def test_a_rerun_of_a_run_without_checkpoints_says_it_starts_over(tmp_path, capsys):
+    """Raising train.steps continues a run only from a checkpoint: without one the rerun trained from step 0 and
+    said only that the earlier run was moved aside."""
+    over = ["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "checkpoint.every=0"]
+    assert main([*over, "train.steps=2"]) == 0
+    capsys.readouterr()
+    assert main([*over, "train.steps=4"]) == 0
+    out = capsys.readouterr().out
+    assert "held an earlier run" in out and "no checkpoint to resume from" in out and "checkpoint.every" in out, out
+
+
+def test_a_misspelt_model_arg_or_dataset_name_gets_the_closest(tmp_path, capsys):
+    assert main(["train", "mlp-seed", f"run.out_dir={lit(tmp_path)}", "model.args.widht=8"]) == 2
+    assert "(did you mean width?)" in error_line(capsys.readouterr().err)
+    assert main(["data", "fetch", "shakespear"]) == 2
+    assert "(did you mean shakespeare?)" in error_line(capsys.readouterr().err)
+
+
+def test_more_loader_workers_than_cpus_is_one_warning_line_not_torchs_paragraph(tmp_path, capsys):
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", f"data.num_workers={cpus + 1}",
+                 "train.steps=2"]) == 0
+    out, err = capsys.readouterr()
+    assert f"data.num_workers = {cpus + 1} is more than the {cpus} CPU(s)" in out and "UserWarning" not in err, err
+
+
+def test_ddp_bucket_advice_only_where_the_gradients_overflow_one_bucket():
+    """A model whose gradients fit one bucket was told to double it: the same single all-reduce."""
+    from types import SimpleNamespace
+
+    from turbotrain.config import load_config
+    from turbotrain.profile import PARTS, verdict
+
+    cfg = load_config("gpt-shakespeare", ['parallel.strategy="ddp"'])
+    small = torch.nn.Linear(64, 64)  # 16 KB of gradients, the default bucket is 100 MB
+    s = SimpleNamespace(cfg=cfg, trainee=SimpleNamespace(device=torch.device("cuda"), dtype="bf16", model=small),
+                        batches=SimpleNamespace(resident=True))
+    kind, recs = verdict(dict.fromkeys(PARTS, 0.0) | {"forward": 0.3, "backward": 0.4, "exposed_comm": 0.3}, s, {})
+    advice = [r["set"] for r in recs]
+    assert kind == "communication-bound" and not any("bucket_cap_mb" in a for a in advice), advice
+    assert advice[0] == "train.grad_accum=2", advice

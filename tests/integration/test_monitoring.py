@@ -92,7 +92,8 @@ def test_slow_data_alerts_once_per_window_and_a_dead_webhook_stalls_nothing(tmp_
         summary = train(fault_cfg(tmp_path, 'data.name="userpkg.monitoring:slow_after"', "data.args.after=160",
                                   "train.steps=40", "train.log_every=2", "monitor.throughput_drop_ratio=0.3",
                                   f"monitor.webhook_url={url!r}", "monitor.webhook_timeout_s=1.0",
-                                  "monitor.webhook_retries=2"))
+                                  "monitor.webhook_retries=2",
+                                  "monitor.data_wait_pct=85"))  # a loaded machine's healthy tiny steps wait ~50 %
         wall = time.perf_counter() - t0
     finally:
         dead.close()

@@ -84,7 +84,7 @@ def test_op_classes_match_whole_words(name, cls):
 
 
 @pytest.mark.parametrize("strategy, units, expect, absent", [
-    ("ddp", "auto", {"parallel.bucket_cap_mb=200"}, {'parallel.grad_compression="bf16"'}),
+    ("ddp", "auto", {"parallel.bucket_cap_mb=2"}, {'parallel.grad_compression="bf16"'}),
     ("fsdp", "model", {'parallel.grad_compression="bf16"'}, {"parallel.reshard_after_forward=false"}),
     ("fsdp", "blocks", {'parallel.grad_compression="bf16"', "parallel.reshard_after_forward=false"}, set())])
 def test_communication_advice_follows_what_was_measured(strategy, units, expect, absent):
@@ -94,8 +94,9 @@ def test_communication_advice_follows_what_was_measured(strategy, units, expect,
     from turbotrain.models.gpt import build as build_gpt
     from turbotrain.profile import verdict
 
-    cfg = load_config("gpt-shakespeare", [f'parallel.fsdp_units="{units}"', f'parallel.strategy="{strategy}"'])
-    model = build_gpt(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    cfg = load_config("gpt-shakespeare", [f'parallel.fsdp_units="{units}"', f'parallel.strategy="{strategy}"',
+                                          "parallel.bucket_cap_mb=1"])  # the model's 0.1 MB of gradients: 1 bucket
+    model = build_gpt(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=256)  # 6.6 MB of gradients
     s = SimpleNamespace(cfg=cfg, trainee=SimpleNamespace(device=torch.device("cuda"), dtype="bf16", model=model),
                         batches=SimpleNamespace(resident=True))
     shares = dict.fromkeys(PARTS, 0.0) | {"forward": 0.3, "backward": 0.4, "exposed_comm": 0.3}

@@ -280,7 +280,10 @@ def fetch(name: str) -> Path:
     it again when a cached file no longer matches its checksum. Usage: `fetch("shakespeare") / "shakespeare.txt"`."""
     if name not in SOURCES:
         built = {"synthetic": "is generated at run time", "text": "reads your files (data.args.path)"}.get(name)
-        raise UserError(f"data {name!r}: " + (f"{built}: nothing to fetch" if built else "no such dataset to fetch")
+        from turbotrain.config import did_you_mean
+
+        missing = "no such dataset to fetch" + did_you_mean(name, list(SOURCES))
+        raise UserError(f"data {name!r}: " + (f"{built}: nothing to fetch" if built else missing)
                         + f"; fetchable: {', '.join(SOURCES)}")
     dest = cache_root() / name
     src = SOURCES[name]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import multiprocessing.connection
+import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
 
@@ -23,6 +25,7 @@ from torch.utils.data._utils import signal_handling
 from turbotrain.checkpoint import rng_kept
 from turbotrain.data.datasets import BUILTIN, TensorDataset, host_memory_bytes, map_dict_items
 from turbotrain.errors import UserError
+from turbotrain.log import say
 from turbotrain.plugins import call_factory, is_import_spec, load_object, where
 
 Auto = Literal["auto"]
@@ -216,9 +219,16 @@ class Batches:
             # (restored by a resume just before) it would shift dropout's stream off the uninterrupted run's
             # in-memory tensors draw nothing while read: only the user's dataset needs its reads seeded
             reads = ds if isinstance(ds, TensorDataset) else SeededReads(ds)
-            self.loader = DataLoader(reads, batch_sampler=sampler, collate_fn=collate, worker_init_fn=_worker_signals,
-                                     generator=torch.Generator().manual_seed(sampler.seed), **(settings or {}))
-            self._it = iter(self.loader)
+            with warnings.catch_warnings():  # torch's is many lines on stderr, where a failing run's one line goes
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                self.loader = DataLoader(reads, batch_sampler=sampler, collate_fn=collate,
+                                         worker_init_fn=_worker_signals,
+                                         generator=torch.Generator().manual_seed(sampler.seed), **(settings or {}))
+                self._it = iter(self.loader)
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            if self.loader.num_workers > cpus:
+                say(f"warning: data.num_workers = {self.loader.num_workers} is more than the {cpus} CPU(s) this "
+                    f"process may use: the workers share them, and may be slower than fewer")
             _no_async_worker_errors(self._it)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and not resident else None
         self._next = None

@@ -47,6 +47,9 @@ class Alerts:
         self.jsonl, self.webhook, self.prometheus = jsonl, webhook, prometheus
         self.loss_rules, self.row_rules, self.grad_rules = LossRules(self.cfg), RowRules(self.cfg), GradRules()
         self.loss_spiked = False  # the last finite loss was a loss_spike (its gradient is no news)
+        # the log step the gradient norm went NaN/inf at while the loss was finite (None: finite since): the loss
+        # goes NaN a step later, over NaN weights, and its stop must name that cause, not the LR
+        self.grad_bad_at: int | None = None
         self.last_sent: dict[str, float] = {}
         self.held: dict[str, int] = {}  # repeats not sent since the last alert of the rule
         self.counts: dict[str, int] = {}  # every firing, sent or held
@@ -59,8 +62,11 @@ class Alerts:
             streak = max(1, math.ceil(bad_streak))
             # the step it went non-finite at: what broke it (a batch, an LR step) was there, not at this log step
             since = f" (since step {step - streak + 1})" if streak > 1 else ""
-            msg = (f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} step(s){since}; lower "
-                   "train.lr, keep train.grad_clip on, or use precision.dtype=bf16")
+            msg = f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} step(s){since}; " + (
+                "lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16" if self.grad_bad_at is None else
+                f"the gradient norm went NaN/inf first, at step {self.grad_bad_at}, while the loss was finite: an op "
+                "with a NaN gradient (a sqrt/log/division at 0 in a branch torch.where leaves out) corrupted the "
+                "weights; find it with torch.autograd.set_detect_anomaly(True)")
             if streak >= self.max_bad or final:
                 # the stop is always sent, however recent the last non-finite alert
                 self.emit(Fired("loss_nonfinite", streak, self.max_bad, msg), step, console=False, repeat=True)
@@ -80,11 +86,13 @@ class Alerts:
         overflowing steps are skipped by design: the caller passes None then. On a finite norm, with the log
         step's `loss`: grad_exploding and grad_vanishing (rules.GradRules)."""
         if grad_norm is not None and not math.isfinite(grad_norm):
+            self.grad_bad_at = step if self.grad_bad_at is None else self.grad_bad_at
             self.emit(Fired("grad_nonfinite", grad_norm, math.inf,
                             f"gradient norm is {grad_norm} at step {step} while the loss is finite: NaN/inf "
                             "gradients corrupt the weights; keep train.grad_clip on, lower train.lr, or find the op "
                             "with a NaN gradient (torch.autograd.set_detect_anomaly)"), step)
         elif grad_norm is not None and loss is not None and math.isfinite(loss):
+            self.grad_bad_at = None
             for f in self.grad_rules.check(grad_norm, loss, self.loss_spiked):
                 self.emit(f, step)
 

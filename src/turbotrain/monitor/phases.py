@@ -17,3 +17,31 @@ def enable(on: bool = True) -> None:
 
 def phase(name: str) -> contextlib.AbstractContextManager:
     return record_function(PREFIX + name) if _enabled else contextlib.nullcontext()
+
+
+# a range inside the forward phase, not a phase (not under PREFIX): forward's ops outside it are the loss's
+MODEL = "turbotrain.model"
+
+
+@contextlib.contextmanager
+def model_range(module):
+    """While open, each call of `module` is a profiler range named MODEL (hooks, removed after); None: nothing."""
+    if module is None:
+        yield
+        return
+    stack = []
+
+    def enter(m, args):
+        stack.append(record_function(MODEL))
+        stack[-1].__enter__()
+
+    def leave(m, args, out):
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

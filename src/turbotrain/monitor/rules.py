@@ -30,6 +30,8 @@ DIVERGING_BLOWUP = 100.0  # loss_diverging: 2 log steps in a row this many times
 DIVERGING_T = 8.0  # loss_diverging: the least t-statistic of the shortest window's trend (linear or log scale)
 SPIKE_POSITIVE_STEPS = 50  # loss_spike: log steps since the last loss <= 0 (the running average forgets it by then)
 SPIKE_SIGMAS = 5.0  # loss_spike: the least distance above the running average, in the loss's own noise
+SPIKE_NOISE_STEPS = 5  # loss_spike: log steps of the loss's noise known before it sets the threshold alone; until
+SPIKE_EARLY = 10.0  # then a spike is this many times the average: 2 or 3 close first losses say nothing of its scatter
 GRAD_EXPLODING_FACTOR = 10.0  # grad_exploding: gradient norms this many times the median of the recent ones on 2
 GRAD_EXPLODING_ONCE = 100.0  # log steps in a row, or one norm this many times it (a lone clipped spike of ~10-30x is
 # routine in a healthy run's warm-up: the default preset has one)
@@ -241,11 +243,13 @@ class LossRules:
                 and self.n - self.nonpositive_at > SPIKE_POSITIVE_STEPS):
             return None
         # a noisy loss (small batches) crosses k x its average by chance: the point must also stand
-        # SPIKE_SIGMAS of the loss's own noise above it
-        factor = max(k, math.exp(SPIKE_SIGMAS * self._sigma()))
+        # SPIKE_SIGMAS of the loss's own noise above it, and SPIKE_EARLY x while that noise is a guess from a few
+        factor = max(k, math.exp(SPIKE_SIGMAS * self._sigma()), SPIKE_EARLY if self.n <= SPIKE_NOISE_STEPS + 1 else 0)
         if loss > factor * self.ema:
             return Fired("loss_spike", loss, factor * self.ema,
-                         f"loss {loss:.4g} is {loss / self.ema:.1f}x its running average {self.ema:.4g}")
+                         f"loss {loss:.4g} is {loss / self.ema:.1f}x its running average {self.ema:.4g}: a bad batch "
+                         "(check the data read at this step) or an LR too high here; keep train.grad_clip on, "
+                         "lower train.lr")
         return None
 
     def _diverging(self, loss: float, spiked: bool) -> Fired | None:
@@ -343,7 +347,8 @@ class LossRules:
         self.rearm = self.ref - 3 * delta * abs(self.ref)
         slowest = f"; it improved within {self.gap} log steps at its slowest before" if self.gap else ""
         return Fired("loss_plateau", stalled, window, f"no improvement of the loss by {delta:.1%} in {stalled} log "
-                     f"steps (best running average {self.best:.4g}{slowest})")
+                     f"steps (best running average {self.best:.4g}{slowest}): converged (stop, or save the compute), "
+                     "or the LR is too high or too low to go on; tune train.lr / train.schedule")
 
 
 def _fit_ends(ys: list[float]) -> tuple[float, float]:
@@ -399,6 +404,7 @@ class GradRules:
         self.recent: deque[float] = deque(maxlen=20)
         self.first: list[tuple[float, float]] = []  # (grad norm, loss) of the first log steps: the baseline
         self.low = Streak(GRAD_VANISHING_STEPS)
+        self.low_losses: deque[float] = deque(maxlen=GRAD_VANISHING_STEPS)  # the losses of the last log steps
         self.high_before = False  # the last log step's norm was above the factor (a second one fires)
         self.last = 0.0  # the last log step's norm
 
@@ -444,11 +450,16 @@ class GradRules:
         # a run that converges has small gradients at a small loss; one whose gradients die does not learn. A
         # norm at most GRAD_VANISHING_FLOOR is none, whatever the first ones were (dead from the start)
         low = max(GRAD_VANISHING_FLOOR, GRAD_VANISHING_RATIO * base if len(self.first) == 5 else 0.0)
-        if self.low.update(norm <= low and loss > 0.8 * base_loss and loss > 0):
+        # the loss level is judged on the streak's median: one lucky batch of a noisy loss is no convergence. A
+        # run that never had a gradient (its first norms none) never trained: its loss level says nothing
+        self.low_losses.append(loss)
+        stays = base <= GRAD_VANISHING_FLOOR or statistics.median(self.low_losses) > 0.8 * base_loss
+        if self.low.update(norm <= low and stays and loss > 0):
             out.append(Fired("grad_vanishing", norm, low,
                              f"gradient norm {norm:.3g} is at most {low:.3g} (its first readings: {base:.3g}) for "
                              f"{GRAD_VANISHING_STEPS} log steps while the loss stays at {loss:.4g}: the model does "
-                             "not learn (saturated or dead activations, a detached loss, an LR schedule at 0)"))
+                             "not learn (saturated or dead activations, a detached loss, an LR schedule at 0); check "
+                             "the model's activations and loss wiring, raise train.lr"))
         return out
 
 
@@ -495,6 +506,7 @@ class RowRules:
         self.slow_run, self.dip = 0, 1  # slow windows in a row now; the longest dip that recurred
         self.dips: set[int] = set()  # the lengths of the dips that recovered (<= THROUGHPUT_DIP_MAX)
         self.slow_steps, self.last_step = 0, None  # steps in the slow windows in a row; the last row's step
+        self.slow_rates: list[float] = []  # the rates of the slow windows in a row not yet said (not in `rates`)
         self.peaks: deque[float] = deque(maxlen=MEM_GROWTH_WINDOW + 1)
         self.first_peak: float | None = None  # the baseline: the first peak of a window without warm-up
 
@@ -506,17 +518,18 @@ class RowRules:
         self.last_step = step
         # a window's share of the time: its step time x its steps (1 each where the row does not say)
         weight = (ms if isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0 else 1.0) * max(span or 1, 1)
-        checks = (self._rate(row.get("samples_per_s"), warm, span), self._wait(row.get("data_wait_pct"), warm, weight),
+        wait = row.get("data_wait_pct")
+        checks = (self._rate(row.get("samples_per_s"), warm, span, wait), self._wait(wait, warm, weight),
                   self._gpu(row, weight), self._sync(row.get("sync_ms")),
                   self._mem_growth(row.get("peak_mem_gib"), warm))
         return [f for group in checks for f in group]
 
-    def _rate(self, rate: float | None, warm: bool, span: int | None) -> list[Fired]:
-        """`span`: the window's steps (None: not known, it does not hold the alert back)."""
+    def _rate(self, rate: float | None, warm: bool, span: int | None, wait: float | None = None) -> list[Fired]:
+        """`span`: the window's steps (None: not known, it does not hold the alert back); `wait`: its data wait %."""
         r = self.cfg.throughput_drop_ratio
         if rate is None:
             return []
-        out = []
+        out, slow = [], False
         if r and warm and len(self.rates) >= 3:
             ref = statistics.median(self.rates)
             slow = rate < r * ref
@@ -531,10 +544,15 @@ class RowRules:
                 dips = f", longer than the run's recurring dips of {self.dip}" if self.dip > 1 else ""
                 out.append(Fired("throughput_drop", rate, r * ref, f"throughput {rate:.4g} samples/s is "
                                  f"{rate / ref:.0%} of the median {ref:.4g} of the earlier log windows "
-                                 f"({self.slow_run} log windows in a row{dips}): another process on the machine, "
-                                 "thermal throttling or a slower data source; see nvidia-smi / top"))
+                                 f"({self.slow_run} log windows in a row{dips}): {_drop_cause(wait)}"))
         if warm:
-            self.rates.append(rate)
+            # the windows of a slow run are judged against the run before it, not against themselves: in the
+            # median they would make a drop the norm before it spans THROUGHPUT_DROP_STEPS (a loader that slows
+            # 10 log windows into a run was never said). They join once the run ends, or once it is said
+            self.slow_rates.append(rate)
+            if not slow or out:
+                self.rates += self.slow_rates
+                self.slow_rates.clear()
         return out
 
     def _wait(self, pct: float | None, warm: bool, weight: float) -> list[Fired]:
@@ -559,7 +577,8 @@ class RowRules:
                              f"{c.gpu_temp_high_c:.0f} °C: check cooling, expect throttling"))
         if mem is not None and c.gpu_mem_high_pct and mem > c.gpu_mem_high_pct:
             out.append(Fired("gpu_mem_high", mem, c.gpu_mem_high_pct, f"device memory {mem:.1f}% in use, above "
-                             f"{c.gpu_mem_high_pct:.0f}%: close to out of memory"))
+                             f"{c.gpu_mem_high_pct:.0f}%: close to out of memory; lower data.batch_size (raise "
+                             "train.grad_accum) or set memory.activation_checkpointing"))
         return out
 
     def _mem_growth(self, peak: float | None, warm: bool) -> list[Fired]:
@@ -577,21 +596,35 @@ class RowRules:
             return []
         return [Fired("memory_growth", grown, x, f"peak memory rose at {rises} of the last {MEM_GROWTH_WINDOW} log "
                       f"steps, to {peak:.3g} GiB ({grown:.0f}% above {self.first_peak:.3g} GiB after warm-up): "
-                      "something keeps tensors from every step (a loss kept without .item(), a growing cache)")]
+                      "something keeps tensors from every step (a loss kept without .item(), a growing cache); keep "
+                      "floats (.item()) or .detach() and bound what you keep")]
 
     def _sync(self, ms: float | None) -> list[Fired]:
         x = self.cfg.sync_latency_ms
         if ms is not None and x and ms > x:
             return [Fired("sync_latency", ms, x, f"a small all-reduce took {ms:.1f} ms (> {x:.0f} ms): "
-                          f"the interconnect or a rank is slow")]
+                          "the interconnect or a rank is slow; see rank_time_ratio / the straggler alert, "
+                          "NCCL_DEBUG=INFO")]
         return []
 
 
-def straggler(streak: dict[int, int], patience: int, ratio: float, rank_time_ratio: float) -> tuple[int, Fired] | None:
+def _drop_cause(wait: float | None) -> str:
+    """What a throughput drop names as its cause: the loader when most of the slow window waited for data (a
+    data source that slowed mid-run), else what slows the step itself."""
+    if isinstance(wait, (int, float)) and math.isfinite(wait) and wait > 50:
+        return (f"the data source slowed ({wait:.0f}% of the step time waits for data); check its storage or "
+                "network, raise data.num_workers / data.prefetch_factor")
+    return "another process on the machine, thermal throttling or a slower data source; see nvidia-smi / top"
+
+
+def straggler(streak: dict[int, int], patience: int, ratio: float, rank_time_ratio: float,
+              detail: str = "") -> tuple[int, Fired] | None:
     """(slow rank, alert) when StragglerWatch's streak of one slow rank just reached its patience (the
     verdict is StragglerWatch's: parallel.straggler_ratio over the others' median, for `patience` log steps)."""
     slow = next(iter(streak.items()), None)
     if slow is None or slow[1] != patience:
         return None
-    return slow[0], Fired("straggler", rank_time_ratio, ratio, f"rank {slow[0]} is persistently slower: "
-                          f"{rank_time_ratio:.2f}x the fastest rank's own time per step (data wait + forward)")
+    detail = detail or f"{rank_time_ratio:.2f}x the fastest rank's own time per step (data wait + forward)"
+    return slow[0], Fired("straggler", rank_time_ratio, ratio, f"straggler: rank {slow[0]} is persistently slower, "
+                          f"{detail}: its host is loaded or its data is slower; check that node (top), raise "
+                          "data.num_workers")

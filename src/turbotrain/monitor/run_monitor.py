@@ -27,7 +27,7 @@ from turbotrain.monitor.nvml import GpuStats
 from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
-from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog
+from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog, end_children
 from turbotrain.rundir import regular_fd
 from turbotrain.workload import peak_mem_gib, sync
 
@@ -179,8 +179,8 @@ class RunMonitor:
 
     def _straggler_alert(self, row: dict, done: int) -> None:
         s = self.stragglers
-        if (got := straggler(s.streak, s.patience, s.ratio, row["rank_time_ratio"])) is not None:
-            self.alerts.emit(got[1], done, console=False, rank=got[0])  # StragglerWatch says it on the console
+        if (got := straggler(s.streak, s.patience, s.ratio, row["rank_time_ratio"], s.detail)) is not None:
+            self.alerts.emit(got[1], done, rank=got[0])
 
     def _gpu_row(self) -> dict:
         out = self.gpu.read()
@@ -200,6 +200,7 @@ class RunMonitor:
               file=sys.stderr, flush=True)
         self.alerts.close(wait_s=min(self.cfg.webhook_timeout_s, 5.0))
         sys.stdout.flush()
+        end_children()
         os._exit(HUNG_EXIT_CODE)
 
     def write(self, row: dict, data_wait_s: float, overlapped: bool = False) -> None:

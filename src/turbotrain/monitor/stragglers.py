@@ -11,7 +11,6 @@ import time
 import torch
 
 from turbotrain.distributed.env import all_gather_floats
-from turbotrain.log import say
 
 
 class ForwardTimer:
@@ -52,9 +51,10 @@ class StragglerWatch:
     def __init__(self, ratio: float, device: torch.device, rank: int, patience: int = 2, floor_s: float = 2e-3):
         self.ratio, self.device, self.rank, self.patience, self.floor_s = ratio, device, rank, patience, floor_s
         self.streak: dict[int, int] = {}
+        self.detail = ""  # the slow rank's own time against the others', for the straggler alert's message
 
     def update(self, own_s_per_step: float, step: int) -> dict:
-        """Gather every rank's own time per step; return row fields and warn on a persistent straggler."""
+        """Gather every rank's own time per step; return row fields (the verdict: `streak`, `detail`)."""
         times = all_gather_floats(own_s_per_step, self.device)
         if len(times) < 2:
             return {}
@@ -62,8 +62,8 @@ class StragglerWatch:
         others = statistics.median(t for i, t in enumerate(times) if i != slowest)
         slow = times[slowest] > self.ratio * others and times[slowest] - others > self.floor_s
         self.streak = {slowest: self.streak.get(slowest, 0) + 1} if slow else {}
-        if slow and self.streak[slowest] == self.patience:
-            say(f"straggler: rank {slowest} is persistently slower — {times[slowest] * 1e3:.1f} ms/step of its own "
-                f"work (data wait + forward) vs {others * 1e3:.1f} ms on the other ranks (step {step})")
+        if slow:
+            self.detail = (f"{times[slowest] * 1e3:.1f} ms/step of its own work (data wait + forward) vs "
+                           f"{others * 1e3:.1f} ms on the other ranks")
         fastest = max(min(times), 1e-9)
         return {"rank_time_ratio": times[slowest] / fastest, "slowest_rank": slowest}

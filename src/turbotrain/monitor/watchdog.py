@@ -32,6 +32,17 @@ def thread_stacks() -> str:
     return "\n\n".join(parts)
 
 
+def end_children() -> None:
+    """Kill this process's own child processes (DataLoader workers) before a hung run ends: a worker stuck in a
+    read of the user's dataset never gets back to its check that the parent is alive, and would be left running
+    (holding its memory and files) long after the run is gone."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):  # one that just ended, or is not ours to signal: the rest still go
+            child.kill()
+
+
 class Watchdog:
     """Usage: `w = Watchdog(30, on_hang); ...; w.beat(step)` after each step; `w.stop()` at the end.
     `on_hang(seconds_since_last_step, last_step, stacks)` runs once, on the watchdog's thread."""
@@ -81,6 +92,7 @@ def watching(timeout_s: float, what: str) -> Iterator[None]:
         print(f"{stacks}\n[turbotrain] hung: {what} took over {since:.1f} s (monitor.hang_timeout_s = {timeout_s:g}, "
               f"x{FIRST_STEP_FACTOR} before the first step); every thread's stack is above", file=sys.stderr,
               flush=True)
+        end_children()
         os._exit(HUNG_EXIT_CODE)
 
     dog = Watchdog(timeout_s, hung)
