@@ -90,6 +90,7 @@ def test_slow_data_alerts_once_per_window_and_a_dead_webhook_stalls_nothing(tmp_
     try:
         t0 = time.perf_counter()
         summary = train(fault_cfg(tmp_path, 'data.name="userpkg.monitoring:slow_after"', "data.args.after=160",
+                                  "data.args.delay=0.015",  # 120 ms of reads a step: >90 % wait even under load
                                   "train.steps=40", "train.log_every=2", "monitor.throughput_drop_ratio=0.3",
                                   f"monitor.webhook_url={url!r}", "monitor.webhook_timeout_s=1.0",
                                   "monitor.webhook_retries=2",
