@@ -32,14 +32,16 @@ ITEMS = [f'data.name="{PKG}:items"', 'train.loss="cross_entropy"', "data.batch_s
 MICRO = "micro-batch x accumulation, checkpointing"
 
 
-def _stand_in(rate):
-    """A TrialRunner.__call__ that runs nothing: the n-th run of a configuration measures rate(changes, n)."""
+def _stand_in(rate, log=None):
+    """A TrialRunner.__call__ that runs nothing: the n-th run of a configuration measures rate(config, n)."""
     runs: dict[str, int] = {}
 
     def call(self, name, changes, timeout_s, what, *a, **k):
         key = json.dumps(changes, sort_keys=True)
         n = runs[key] = runs.get(key, -1) + 1
         r = rate(changes, n)
+        if log is not None:
+            log.append((dict(changes), r))
         if r is None:
             return {"status": "error", "reason": "exit 1: RuntimeError: planted failure", "wall_s": 0.5}
         return {"status": "ok", "samples_per_s": r, "samples_per_s_median_window": r, "peak_mem_gib": 0.1,

@@ -15,38 +15,10 @@ import json
 import pytest
 
 from tests.faults.common import BASE_TOML, lit
-from turbotrain.cli import main
+from tests.faults.test_planted_s25_tune import _out, _stand_in, _tune
 from turbotrain.tune import TrialRunner
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
-
-
-def _stand_in(rate, log=None):
-    """A TrialRunner.__call__ that runs nothing: the n-th run of a configuration measures rate(config, n)."""
-    runs: dict[str, int] = {}
-
-    def call(self, name, changes, timeout_s, what, *a, **k):
-        key = json.dumps(changes, sort_keys=True)
-        n = runs[key] = runs.get(key, -1) + 1
-        r = rate(changes, n)
-        if log is not None:
-            log.append((dict(changes), r))
-        if r is None:
-            return {"status": "error", "reason": "exit 1: RuntimeError: planted failure", "wall_s": 0.5}
-        return {"status": "ok", "samples_per_s": r, "samples_per_s_median_window": r, "peak_mem_gib": 0.1,
-                "compile_s": 0.0, "wall_s": 0.5, "device_name": "cpu", "global_batch": 16}
-
-    return call
-
-
-def _tune(tmp_path, *overrides, repeats=2):
-    return main(["tune", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", *overrides, "--budget-min", "5",
-                 "--repeats", str(repeats)])
-
-
-def _out(tmp_path):
-    out = tmp_path / "fault" / "tune"
-    return json.loads((out / "tune.json").read_text()), (out / "tune.md").read_text(), (out / "tuned.toml").read_text()
 
 
 def _chain(fused_gain):
