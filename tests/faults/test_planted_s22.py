@@ -270,7 +270,8 @@ def test_tune_finds_the_loader_fix_and_reports_only_what_it_measured(tmp_path):
             assert t["samples_per_s"] == s["samples_per_s"]
             assert f"| {t['id']} | {t['dimension']} |" in md and f"{s['samples_per_s']:.1f}" in md
         else:
-            assert t["status"] == "skipped" and t.get("reason") and t.get("samples_per_s") is None
+            # skipped, or on a loaded machine ended at its share of the budget: either way no figure of its own
+            assert t["status"] in ("skipped", "timeout") and t.get("reason") and t.get("samples_per_s") is None
     # the winner's speedup is the ratio of the finalists' medians of their measured runs
     finals = {f["id"]: f for f in result["finalists"]}
     for f in finals.values():
