@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.accel.convnet import convnet_targets
-from turbotrain.config import Config, load_config
+from turbotrain.config import Config, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, run_progress, say
@@ -334,7 +334,7 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
         for r in range(repeats):
             name = names[v, r]
             args = ["turbotrain", "train", *([config] if config else []), *overrides, *BASELINE,
-                    *variant_overrides(v, cfg), f"run.name={json.dumps(name)}", "checkpoint.every=0",
+                    *variant_overrides(v, cfg), literal("run.name", name), "checkpoint.every=0",
                     'checkpoint.resume="never"', "checkpoint.final=false"]
             what = (f"bench: {v} ({variants.index(v) + 1}/{len(variants)})"
                     + (f", repeat {r + 1}/{repeats}" if repeats > 1 else ""))
@@ -443,7 +443,7 @@ def _compare_row(tool: str, config: str | None, overrides: list[str], cfg: Confi
         what = f"bench: comparator {tool}" + (f" (repeat {r + 1}/{len(names)})" if len(names) > 1 else "")
         say(what)
         rc = _run([str(PEERS), tool, str(summary), *([config] if config else []), *overrides,
-                   f"run.name={json.dumps(name)}"], out / f"{name}.log", what, Path(cfg.run.out_dir) / name,
+                   literal("run.name", name)], out / f"{name}.log", what, Path(cfg.run.out_dir) / name,
                   cfg.train.steps, module=False)
         runs.append(measured(rc, out / f"{name}.log", summary))
     return _row(f"{tool} (bf16 + compile)", runs, [])

@@ -109,6 +109,31 @@ def meta_digest(meta: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# the run facts `save` writes into meta.json (prepare.Run.save_checkpoint) and the kinds they have
+_META_KINDS = {"global_batch": int, "optimizer": str, "dtype": str, "strategy": str, "config": str, "data": dict,
+               "seed": int, "model_class": (str, type(None))}
+
+
+def meta_problem(meta: dict) -> str | None:
+    """What is wrong with meta.json's run facts, or None. The digest vouches only that meta.json is as written: a
+    field of another kind (a hand edit resealed, another tool's file) would otherwise reach the resume's checks as
+    a traceback, or as a config error naming run.seed for the checkpoint's seed."""
+    shapes = meta.get("param_shapes", {})
+    if not isinstance(shapes, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)
+            for k, v in shapes.items()):
+        return "meta.json: param_shapes is not a table of parameter names to shapes"
+    for key, kind in _META_KINDS.items():
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            shown = json.dumps(meta[key])[:40]
+            return f"meta.json: {key} is {type(meta[key]).__name__} {shown}, not what a save writes"
+    if "seed" in meta and not 0 <= meta["seed"] < 2**32:
+        return f"meta.json: seed {meta['seed']} is out of the seed range (0 .. 2**32-1)"
+    if type(meta.get("global_batch")) is int and meta["global_batch"] < 1:
+        return f"meta.json: global_batch {meta['global_batch']} is not a batch size"
+    return None
+
+
 def param_shapes(model: nn.Module) -> dict[str, list[int]]:
     """Global (unsharded) shapes: a checkpoint from another model is refused by name and shape."""
     return {name: list(p.size()) for name, p in unwrap(model).named_parameters()}  # DTensor: the global size
@@ -707,6 +732,8 @@ class Checkpointer:
             return "meta.json: bad step, world_size or sharded"
         if _STEP_DIR.fullmatch(path.name) and path.name != f"step-{step:08d}":
             return f"meta.json says step {step}, the folder is {path.name}"
+        if problem := meta_problem(meta):
+            return problem
         for rel in manifest:
             parts = Path(rel).parts
             if not parts or Path(rel).is_absolute() or ".." in parts or rel == "meta.json":
@@ -897,6 +924,8 @@ class Checkpointer:
         if not isinstance(meta, dict) or meta.get("meta_sha256") != meta_digest(meta) \
                 or type(meta.get("step")) is not int or type(meta.get("sharded")) is not bool:
             raise CorruptCheckpoint("meta.json does not match its meta_sha256 (damaged)")
+        if problem := meta_problem(meta):
+            raise CorruptCheckpoint(problem)
         return meta
 
     def _read_torch(self, path: Path, name: str):
@@ -960,6 +989,8 @@ def _model_change(config: Any, model: dict) -> str | None:
     if old.get("name") != model["name"]:
         return f"model.name = {old.get('name')!r}; this run has {model['name']!r}"
     was, now = old.get("args") or {}, json.loads(json.dumps(model["args"] or {}, default=str))  # as TOML holds them
+    if not isinstance(was, dict):  # `args = [...]`: no model was built from that
+        return f"model.args = {was!r:.60}; this run has {now!r:.60}"
     for k in sorted(set(was) | set(now), key=str):
         if "dropout" not in str(k) and was.get(k) != now.get(k):
             return (f"model.args.{k} = {was.get(k, 'unset')!r}; this run has {now.get(k, 'unset')!r}")

@@ -503,7 +503,11 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
         if sys.stdout is not None:
             sys.stdout.flush()  # a full disk or a gone reader is said here, not at interpreter exit
         return rc
-    except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number
+    except SystemExit as e:  # SIGTERM/SIGINT after the checkpoint: 128 + signal number; or the user's sys.exit
+        from turbotrain.plugins import users_exit
+
+        if (line := users_exit(e, args.command)) is not None:
+            return _error(line)
         return e.code if isinstance(e.code, int) else int(e.code is not None)
     except UserError as e:
         return _error(_one_line(e))

@@ -469,6 +469,12 @@ def _toml_key(k: Any) -> str:
     return k if _BARE_KEY.fullmatch(k) else _toml_str(k)
 
 
+def literal(key: str, value: Any) -> str:
+    """`data.num_workers=4` as a KEY=VALUE override for a child run (the config's own TOML writer: JSON would escape
+    a character past U+FFFF as a surrogate pair, which TOML refuses)."""
+    return f"{key}={_toml_value(value)}"
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -20,8 +20,10 @@ never overwrites a run's files.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import uuid
 import warnings
@@ -103,7 +105,11 @@ def save_weights(state: dict[str, torch.Tensor], tied: dict[str, str], path: Pat
     except Exception as e:  # safetensors' own error type carries the write's I/O error (a full disk, no inodes)
         if type(e).__name__ != "SafetensorError":
             raise
-        raise OSError(" ".join(str(e).split())[:200]) from e
+        text = " ".join(str(e).split())[:200]
+        # its errno only in words ("File too large (os error 27)"): kept, so that the fix names a file-size limit
+        # (ulimit -f) or a read-only folder, not free space
+        code = re.search(r"\(os error (\d+)\)", text)
+        raise (OSError(int(code.group(1)), text) if code else OSError(text)) from e
 
 
 def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool, step: int | None = None,
@@ -125,7 +131,8 @@ def write_final(model: nn.Module, cfg, run_dir: Path, is_main: bool, step: int |
         raise UserError(f"{final} could not be written ({why}): with checkpoint.every = 0 no checkpoint holds the "
                         "trained model, so the run is not done; rerun it, with checkpoint.every = N to keep progress")
     if failure is not None:  # the run is done and its metrics are written: say it, keep the summary
-        say(f"warning: {final} not written ({failure.strerror or failure}); the checkpoints hold the model")
+        say(f"warning: {final} not written ({failure.strerror or failure}); the checkpoints hold the model; "
+            f"{write_fix(failure)}")
         return None
     return final if is_main else None
 
@@ -476,8 +483,8 @@ def _final_from_checkpoint(root: Path, fmt: str) -> None:
         say(f"export: {root / FINAL} held the model at step {behind}, before the run went on to step {step}; it was "
             f"moved to {aside}")
     if write_final(model, cfg, root, True, step=step, passed=newest if newest > step else None) is None:
-        raise UserError(f"{root / FINAL} could not be written (see the warning above); free space in the run "
-                        "directory and export again")
+        raise UserError(f"{root / FINAL} could not be written (the warning above says why and what to do); then "
+                        "export again")
     say(f"export: {root / FINAL} written")
 
 
@@ -494,10 +501,19 @@ def _writing(dest: Path, replace: bool) -> Iterator[Path]:
             shutil.rmtree(dest)
         os.replace(tmp, dest)  # onto a missing or empty folder
     except OSError as e:
-        raise UserError(f"--out {dest}: cannot write the export ({e.strerror or e}); free space or choose another "
-                        "folder") from None
+        raise UserError(f"--out {dest}: cannot write the export ({e.strerror or e}); {_export_fix(e)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _export_fix(e: OSError) -> str:
+    """The fix for an export write that failed with `e`: a file-size limit, too many open files or a folder this
+    process may not write is not cured by freeing space."""
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose an --out folder you can write"
+    if e.errno in (errno.EFBIG, errno.EMFILE, errno.ENFILE):
+        return write_fix(e)
+    return "free space or choose another folder"
 
 
 # what a run directory holds beside its config.toml (rundir.RUN_FILES, RunDir's .lock); a project folder with a

@@ -137,9 +137,58 @@ def argument_names(fn: Any, n_positional: int = 0) -> list[str] | None:
     return names
 
 
+def _check_positional(fn: Any, key: str, args: tuple, kwargs: dict) -> None:
+    """A factory that cannot take the positional arguments it is always called with (an optimizer factory without
+    its param_groups), or whose first parameters, taking them, are also given by keyword: said as such, not as
+    "too many positional arguments; it takes no {key}" or "multiple values for argument 'lr'", which blame the
+    config's keywords."""
+    if not args:
+        return
+    try:
+        bound = inspect.signature(fn).bind_partial(*args)
+    except TypeError as e:
+        problem = f"cannot take {'them' if len(args) > 1 else 'it'} ({e})"
+    except ValueError:  # no signature to check (some builtins)
+        return
+    else:
+        taken = [name for name in bound.arguments if name in kwargs]
+        if not taken:
+            return
+        goes = "they go" if len(args) > 1 else "it goes"
+        problem = f"{goes} to {', '.join(map(repr, taken))}, which {key} sets too"
+    given = ", ".join(type(a).__name__ for a in args)
+    raise UserError(f"{key}: {factory_label(fn)}() is called with {len(args)} positional argument"
+                    f"{'s' * (len(args) > 1)} first ({given}) and {problem}; give it "
+                    f"{'those first parameters' if len(args) > 1 else 'a first parameter for it'}")
+
+
+def _check_declared_numbers(fn: Any, key: str, kwargs: dict) -> None:
+    """A config value of another kind than the number the user's factory declares (`dim: int` given 8.0 or true,
+    `p: float` given true): else it fails deep in their code ("empty(): argument 'size' ... got float", "fix it
+    there") or passes unseen (True taken as 1), where the fix is the config's value."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    for name, value in kwargs.items():
+        p = params.get(name)
+        declared = p.annotation if p is not None else None
+        declared = {"int": int, "float": float}.get(declared, declared) if isinstance(declared, str) else declared
+        if declared not in (int, float):
+            continue
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)
+        if isinstance(value, (bool, str)):  # other kinds (a dataset's numpy integer filled in) are left to the call
+            raise UserError(f"{key}.{name} = {shown}: {factory_label(fn)}() declares {name}: {declared.__name__}; "
+                            f"give a number")
+        if declared is int and isinstance(value, float):
+            fix = f"write {int(value)}" if value.is_integer() else "give a whole number"
+            raise UserError(f"{key}.{name} = {shown}: {factory_label(fn)}() declares {name}: int; {fix}")
+
+
 def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
     """Call a user or built-in factory; a wrong or missing keyword becomes one config error that names the
     factory and lists the arguments it takes (`key` is the section, e.g. "model.args")."""
+    _check_positional(fn, key, args, kwargs)
     try:  # check the call against the signature only: a TypeError inside the user's code stays theirs
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
@@ -155,6 +204,7 @@ def call_factory(fn: Any, key: str, *args: Any, **kwargs: Any) -> Any:
         pass
     if (getattr(fn, "__module__", None) or "").startswith("turbotrain."):
         return fn(*args, **kwargs)  # a built-in factory raises its own UserErrors; anything else is a bug of ours
+    _check_declared_numbers(fn, key, kwargs)
     return call_user(fn, f"{key.replace('.args', '.name')} = {factory_label(fn)!r}", *args, **kwargs)
 
 
@@ -198,6 +248,16 @@ def where(e: BaseException) -> str:
     none."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if _users_frame(f.filename)]
     return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
+def users_exit(e: SystemExit, command: str = "train") -> str | None:
+    """The one line for a sys.exit() that the user's own code called where turbotrain did not guard the call (their
+    model's forward, their loss or metric, a dataset read), or None for an exit of turbotrain's own (a signal stop's
+    128 + signum): unsaid, it would end the run early with that code, 0 reading as a finished run."""
+    if not any(_users_frame(f.filename) for f in traceback.extract_tb(e.__traceback__)):
+        return None
+    return (f"your code called sys.exit({e.code!r}){where(e)}: `turbotrain {command}` did not finish (checkpoints "
+            "saved so far are kept); your code must return or raise, not exit the process")
 
 
 def call_user(fn: Any, who: str, *args: Any, **kwargs: Any) -> Any:

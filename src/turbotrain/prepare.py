@@ -344,14 +344,21 @@ def _set_aside_finished(path: Path, start_step: int) -> None:
     except (OSError, ValueError, AttributeError):
         steps = None
     tag = f"step-{steps:08d}" if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else "earlier"
-    moved = [(summary, path / f"summary.{tag}.json")]
+    moved = [(summary, _free(path, f"summary.{tag}", ".json"))]
     if isinstance(steps, int) and steps > start_step and (path / "final").is_dir():
-        moved.append((path / "final", path / f"final.{tag}"))
+        moved.append((path / "final", _free(path, f"final.{tag}", "")))
     for src, dest in moved:
-        if not dest.exists():
-            os.replace(src, dest)
+        os.replace(src, dest)
     say(f"run: resuming a finished run from step {start_step}; its " + " and ".join(p.name for p, _ in moved) +
         f" moved to {', '.join(d.name for _, d in moved)}")
+
+
+def _free(path: Path, stem: str, suffix: str) -> Path:
+    """path/stem+suffix, or stem.2, stem.3... where an earlier branch of the run left that name."""
+    n, dest = 1, path / f"{stem}{suffix}"
+    while dest.exists():
+        n, dest = n + 1, path / f"{stem}.{n + 1}{suffix}"
+    return dest
 
 
 @contextlib.contextmanager
@@ -506,6 +513,9 @@ def _resume(ckpt: Checkpointer, tr: Trainee, cfg: Config, shapes: dict, global_b
         run_dir = ckpt.dir.parent
         lost = "" if ckpt.from_elsewhere or (run_dir / "final").is_dir() else \
             f" (its final/ is missing: `turbotrain export {run_dir}` writes the model from this checkpoint)"
+        if not ckpt.from_elsewhere and not (run_dir / "summary.json").is_file():  # killed after its end save
+            lost += (" (it ended between its end checkpoint and summary.json, so report and watch read it as "
+                     "stopped; its metrics.jsonl holds the whole curve)")
         raise UserError(f"the run already reached step {step} ({ckpt.loaded}) and asks for train.steps={t.steps}: "
                         f"nothing to do{lost}; raise train.steps to continue it, or choose another run.name for a new "
                         "run")

@@ -16,13 +16,16 @@ each phase (data, forward, backward, optimizer) is a named range in the trace:
 The verdict names the largest stall above its threshold (data wait, exposed communication, host overhead:
 time the step waits), else the larger working part: the optimizer by name where it outweighs forward and
 backward together, else compute, unless on a CPU that compute is mostly ops on tiny tensors (per-op overhead:
-host-overhead-bound). Host reads of tensor values inside forward/backward put their removal first. Every
+host-overhead-bound); where one layer holds most of forward's own time (measured apart, per module) a compute
+verdict names it. Host reads of tensor values inside forward/backward (.item(), .tolist(), .numpy()) put their
+removal first. Every
 verdict but compute-bound comes with at least one fix; where no config key is left, the fix is a change to
 the user's code or machine. Float64 ops in forward/backward (no precision.dtype reaches them) are advised against.
 
 The training loop's work outside the step is measured too: train.callbacks' on_step_end runs in each step as in
-training (host overhead), and one evaluation and one checkpoint save are timed and spread over train.eval_every
-and checkpoint.every steps; where they take most of the run's time the verdict is eval- or checkpoint-bound.
+training (host overhead), and one evaluation, one checkpoint save and one call of the callbacks' on_log are timed
+and spread over train.eval_every, checkpoint.every and train.log_every steps; where they take most of the run's
+time the verdict is eval-, checkpoint- or log-bound.
 What the hooks and the save write goes to a scratch folder removed after. `profile` refuses a run directory
 that a training run holds and writes nothing through a symbolic link there.
 
@@ -48,6 +51,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from turbotrain.accel import precision
 from turbotrain.accel.attention import attention_backend
 from turbotrain.accel.compile import compile_stats
 from turbotrain.bench import Interrupted, interrupts
@@ -217,15 +221,15 @@ READS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonz
          "aten::unique_dim_consecutive"}
 
 
-def host_reads(events, n_steps: int) -> float:
+def host_reads(events, n_steps: int, where: tuple[str, ...] = ("forward", "backward")) -> float:
     """Reads of a tensor's value by the host per step inside forward and backward (`.item()`, `float(t)`,
     `if t:` all end in `_local_scalar_dense`; `t[mask]`, torch.nonzero, torch.unique size their output by the
-    values): on a GPU each waits for every kernel queued before it. On a GPU the waits themselves are counted
-    too (`.cpu()`, `.tolist()`, `.numpy()` copy to pageable memory and wait, without a read op), and the larger
-    count is taken: each read is one such wait."""
-    inside = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-              and _phase_of(e) in ("forward", "backward")]
-    reads = sum(1 for e in inside if e.name in READS and not _read_inside_read(e))
+    values; `.tolist()`, `.numpy()` export them): on a GPU each waits for every kernel queued before it. On a
+    GPU the waits themselves are counted too (`.cpu()` copies to pageable memory and waits, without a read op),
+    and the larger count is taken: each read is one such wait. `where`: the phases counted (("callbacks",):
+    the reads of train.callbacks' on_step_end)."""
+    inside = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and _phase_of(e) in where]
+    reads = sum(1 for e in inside if (e.name in READS and not _read_inside_read(e)) or _is_export(e))
     waits = sum(1 for e in inside if e.name in SYNCS)
     return max(reads, waits) / max(1, n_steps)
 
@@ -233,6 +237,13 @@ def host_reads(events, n_steps: int) -> float:
 # torch._assert_async (a bounds check, as the fused loss makes on its targets) reads its flag on a CPU, yet on a
 # GPU it raises from the kernel without a host wait: no read the user could or should remove
 ASYNC_ASSERTS = {"aten::_assert_async", "aten::_functional_assert_async"}
+
+
+def _is_export(e) -> bool:
+    """A tensor's values handed to Python or numpy (`.tolist()`, `.numpy()`, np.asarray(t), so `.cpu().numpy()`):
+    no read op runs on a CPU, only the conjugate/negative-bit resolve they start with, called from Python itself
+    (inside a torch op it is part of that op's work)."""
+    return e.name == "aten::resolve_neg" and (e.cpu_parent is None or _is_annotation(e.cpu_parent))
 
 
 def _read_inside_read(e) -> bool:
@@ -567,10 +578,24 @@ def _break_reason(reason: str) -> str:
     return why[:160]
 
 
+def _with_callback_reads(recs: list[dict], kind: str, reads: float, share: float) -> list[dict]:
+    """Reads of tensor values in train.callbacks' on_step_end: in training no other step reads one (the loop
+    reads its figures at log steps), so on a GPU each makes every step wait for the device, which profile's
+    drained steps do not show. Second under a host verdict (the host's own work), last else."""
+    if reads < 1:
+        return recs
+    tip = _tip("move the host reads out of train.callbacks' on_step_end", f"the callbacks read {reads:.0f} tensor "
+               "value(s) per step (.item(), float(t), .tolist(), .cpu()): on a GPU each waits for the whole step "
+               "queued before it, every step, where training otherwise never waits; read them in on_log (every "
+               "train.log_every steps) or keep them as tensors until then", share)
+    return [*recs[:1], tip, *recs[1:]] if kind.startswith("host") else [*recs, tip]
+
+
 def _reads_tip(reads: float, share: float) -> dict:
     # CUDA graphs cannot capture a read either: the capture fails on the sync, so that advice is dropped with it
     return _tip("remove the host reads from the model and the loss", f"forward and backward read {reads:.0f} tensor "
-                "value(s) per step on the host (.item(), float(t), `if t:`, t[mask], torch.nonzero/unique): on a GPU "
+                "value(s) per step on the host (.item(), float(t), `if t:`, .tolist(), .cpu().numpy(), t[mask], "
+                "torch.nonzero/unique): on a GPU "
                 "each waits for every kernel queued before it, anywhere each is a Python round trip; keep such values "
                 "as tensors (torch.where(mask, t, 0) for t[mask]), or read them every train.log_every steps in a "
                 "callback", share)
@@ -674,7 +699,8 @@ def _run_profile(cfg: Config, active: int, warmup: int, wait: int) -> dict:
         raise UserError(f"--active must be an integer from 1 to {MAX_ACTIVE} (profiled steps), not {active!r}")
     n_warm = 3 if cfg.compile.enabled else 1
     total = n_warm + wait + warmup + active
-    periods = {"eval": cfg.train.eval_every, "checkpoint": cfg.checkpoint.every}  # the user's, before the probe's
+    periods = {"eval": cfg.train.eval_every, "checkpoint": cfg.checkpoint.every,  # the user's, before the probe's
+               "log": cfg.train.log_every}
     cfg = replace(cfg, train=replace(cfg.train, steps=max(total, cfg.train.steps)),
                   checkpoint=replace(cfg.checkpoint, every=0, resume="never"))
     run_dir = RunDir(cfg.run, is_main=False).path
@@ -734,7 +760,8 @@ def _one_step(run: Run, first: bool = False, hooks: Hooks | None = None) -> tupl
         loss, _ = train_step(tr, micro, run.cfg.train.grad_clip, want_norm=False)
     if hooks is not None:
         t1 = time.perf_counter()
-        hooks.call("on_step_end", 0)
+        with phases.phase("callbacks"):  # a range of its own: the reads its hooks make are counted apart
+            hooks.call("on_step_end", 0)
         hooks.spent += time.perf_counter() - t1
     sync(tr.device)
     return time.perf_counter() - t0, loss
@@ -814,28 +841,28 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
     say(f"profile: {n_warm} warm-up step(s) (compile, allocator), then wait {wait} / warmup {warmup} / active {active}")
     with _scratch(out, suffix) as scratch:  # whatever the user's hooks and the timed save write goes with it
         hooks = _hooks(run, scratch)
-        with Heartbeat("profile: warming up (compile happens in the first step)"):
-            for i in range(n_warm):
-                _one_step(run, first=i == 0, hooks=hooks)
+        _warm_up(run, n_warm, hooks)
         if on_gpu:
             torch.cuda.reset_peak_memory_stats(tr.device)
         with Heartbeat("profile: recording the profiled steps"):
             prof, times, losses = _record(run, wait, warmup, active, hooks)
         memory = _memory(run, out, suffix)
         with Heartbeat("profile: timing the loop's evaluation and checkpoint save"):
-            loop = _loop_work(run, scratch, periods, hooks, active)
+            loop = _loop_work(run, scratch, periods, hooks, active, statistics.fmean(times), losses[-1])
+        layers = layer_times(run)
     # the parts are per-step means: so is the whole they share
     per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
-    tiny, reads = 0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active)
+    tiny, reads, cb_reads = (0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active),
+                             host_reads(prof.events(), active, ("callbacks",)))
     f64, loop_loss = f64_share(prof.events()), loop_loss_share(prof.events())
     kind, recs = verdict(shares, run, memory, tiny, reads, f64, loop_loss)
-    recs = _with_breaks_tip(recs, kind, shares, compile_stats() if tr.compiled else {})
+    recs = _with_breaks_tip(_with_callback_reads(recs, kind, cb_reads, loop["callbacks_ms_per_step"] / 1e3 / total),
+                            kind, shares, compile_stats() if tr.compiled else {})
     kind, recs, part, detail = _loop_verdict(loop, total, shares, kind, recs, bottleneck(shares, tiny),
-                                             describe(shares, tiny))
-    bad = sum(not math.isfinite(float(loss)) for loss in losses)
-    notes = _notes(run, bad, len(losses))
+                                             _layer_detail(layers, kind, describe(shares, tiny)))
+    notes = _notes(run, bad := sum(not math.isfinite(float(loss)) for loss in losses), len(losses))
     _write_trace(prof, out, suffix)
     report = {
         "workload": run.cfg.run.name, "device": run.info["device_name"], "dtype": tr.dtype, "torch": torch.__version__,
@@ -848,9 +875,10 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
         "gpu_busy_share": 1 - shares["host_overhead"] - shares["data_wait"] if on_gpu else None,
         "verdict": kind, "bottleneck": part, "verdict_detail": detail,
         "tiny_op_share": None if on_gpu else round(tiny, 4), "host_reads_per_step": reads,
+        "callback_reads_per_step": cb_reads,
         "float64_op_share": round(f64, 4), "loop_loss_share": round(loop_loss, 4),
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
-        "loop": loop, "top_ops": top, "memory": memory,
+        "loop": loop, "layers": layers, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "
                   "the ops inside on CPU); step wall time on a drained device; host_overhead = wall - measured parts",
         "trace": "trace.json.gz (Perfetto: ui.perfetto.dev; TensorBoard profiler)",
@@ -862,6 +890,82 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
         print(markdown)
         say(f"profile: wrote {out}")
     return report
+
+
+LAYER_BOUND = 0.5  # one layer with this share of forward's time is where compute's cost is, and is named
+
+
+def layer_times(run: Run, passes: int = 2) -> list[dict]:
+    """Each module's own forward time (its children's taken out), largest first, from `passes` forwards of one
+    batch outside the profiled steps (the hooks' Python would read as host overhead there), without gradients.
+    Eager, one process only: hooks do not fire inside a compiled graph, and a rank's extra forward would make
+    DDP/FSDP/pipeline ranks wait on each other. [] where not measured."""
+    tr = run.trainee
+    if tr.compiled or run.env.world_size > 1 or not isinstance(tr.step_module, WithLoss):
+        return []
+    named = dict(tr.step_module.model.named_modules())
+    spent: dict[str, list[float]] = {n: [] for n in named}
+    stack: list[list] = []  # [name, start, children's time]
+
+    def enter(name):
+        def hook(m, args):
+            sync(tr.device)
+            stack.append([name, time.perf_counter(), 0.0])
+        return hook
+
+    def leave(m, args, out):
+        sync(tr.device)
+        name, t0, inner = stack.pop()
+        whole = time.perf_counter() - t0
+        if stack:
+            stack[-1][2] += whole
+        spent[name].append(whole - inner)
+
+    handles = [h for n, m in named.items() for h in (m.register_forward_pre_hook(enter(n)),
+                                                      m.register_forward_hook(leave))]
+    try:
+        x, y = next(run.batches)
+        best: dict[str, float] = {}
+        with torch.no_grad():
+            for _ in range(passes):  # a module called k times a forward (a shared block) costs k calls a pass
+                for v in spent.values():
+                    v.clear()
+                stack.clear()
+                with precision.autocast(tr.dtype, tr.device):
+                    tr.step_module(x, y)
+                best = {n: min(sum(v), best.get(n, math.inf)) for n, v in spent.items() if v}
+    except Exception as e:  # a forward that needs gradients, a hook the model refuses: the report goes on without
+        say(f"warning: profile could not time the model's layers ({type(e).__name__}: {str(e)[:120]}); the report "
+            "has no per-layer times")
+        return []
+    finally:
+        for h in handles:
+            h.remove()
+    own = best
+    total = sum(own.values()) or 1.0
+    return [{"module": n or "(the model's own forward)", "type": _layer_type(named[n]), "ms": t * 1e3,
+             "share_of_forward": t / total} for n, t in sorted(own.items(), key=lambda kv: -kv[1])[:8]]
+
+
+def _layer_type(m: torch.nn.Module) -> str:
+    """A leaf layer as torch prints it (its shapes: `Conv2d(16, 64, kernel_size=(5, 5), ...)`), else its class."""
+    return repr(m)[:100] if not any(True for _ in m.children()) else type(m).__name__
+
+
+def _layer_detail(layers: list[dict], kind: str, detail: str) -> str:
+    """Under a compute verdict, the one layer that holds most of forward's own time is named: the cost is its
+    shapes'. No fix is made up for it: the config's compute levers are ranked already, and the layer's size is
+    the model's design, not a setting."""
+    if kind != "compute-bound" or not layers or layers[0]["share_of_forward"] < LAYER_BOUND:
+        return detail
+    top = layers[0]
+    return f"{detail}; {top['share_of_forward']:.0%} of forward is `{top['module']}` ({top['type']})"
+
+
+def _warm_up(run: Run, n_warm: int, hooks: Hooks | None) -> None:
+    with Heartbeat("profile: warming up (compile happens in the first step)"):
+        for i in range(n_warm):
+            _one_step(run, first=i == 0, hooks=hooks)
 
 
 def _write_trace(prof: profile, out: Path, suffix: str) -> None:
@@ -901,12 +1005,15 @@ def _hooks(run: Run, scratch: Path) -> Hooks | None:
     return hooks
 
 
-def _loop_work(run: Run, scratch: Path, periods: dict, hooks: Hooks | None, active: int) -> dict:
+def _loop_work(run: Run, scratch: Path, periods: dict, hooks: Hooks | None, active: int, step_s: float,
+               loss: torch.Tensor) -> dict:
     """The training loop's work outside the step, measured once each here and spread over the steps between
     them: an evaluation every train.eval_every steps (the one at a run's end is no per-step cost), a checkpoint
-    every checkpoint.every, and the callbacks' on_step_end in each step (part of the step's host overhead)."""
+    every checkpoint.every, the callbacks' on_log every train.log_every, and the callbacks' on_step_end in each
+    step (part of the step's host overhead)."""
     tr, d, t = run.trainee, run.cfg.data, run.cfg.train
-    loop = {"callbacks_ms_per_step": (hooks.spent / active * 1e3) if hooks is not None else 0.0}
+    loop = {"callbacks_ms_per_step": (hooks.spent / active * 1e3) if hooks is not None else 0.0,
+            **_log_work(run, hooks, periods["log"], step_s, loss)}
     if periods["eval"] and run.val_ds is not None and d.eval_batches:
         for _ in range(2 if tr.compiled else 1):  # the first compiles eval's graphs: a cost once a run, not each
             sync(tr.device)
@@ -923,10 +1030,31 @@ def _loop_work(run: Run, scratch: Path, periods: dict, hooks: Hooks | None, acti
     return loop
 
 
+def _log_work(run: Run, hooks: Hooks | None, every: int, step_s: float, loss: torch.Tensor) -> dict:
+    """The callbacks' on_log, timed on a row shaped as training's (this profile's figures): a callback that
+    cannot take it is said, not fatal (its training rows carry what this one lacks)."""
+    if hooks is None or not hooks.reads_rows():
+        return {}
+    tr, b = run.trainee, run.cost.global_batch
+    row = {"step": every, "loss": float(loss), "lr": float(tr.opt.param_groups[0]["lr"]),
+           "grad_norm": 0.0, "samples_per_s": b / step_s if step_s > 0 else 0.0, "step_ms": step_s * 1e3,
+           "data_wait_pct": 0.0, "mfu": None, "peak_mem_gib": peak_mem_gib(tr.device)}
+    t0 = time.perf_counter()
+    try:
+        hooks.log(row)
+    except UserError as e:
+        say(f"warning: profile could not time the callbacks' on_log ({e}); its time is not in this report")
+        return {}
+    return {"log": _periodic(time.perf_counter() - t0, every)}
+
+
 def _periodic(seconds: float, every: int) -> dict:
     return {"ms_each": seconds * 1e3, "every": every, "ms_per_step": seconds * 1e3 / every}
 
 
+LOOP_WORK = ("eval", "checkpoint", "log")  # the loop's periodic work, each with its own period key
+LOOP_KEYS = {"eval": "train.eval_every", "checkpoint": "checkpoint.every", "log": "train.log_every"}
+LOOP_NAMES = {"log": "callbacks' on_log"}
 LOOP_BOUND = 0.3  # eval or checkpoint work above this share of the run's time bounds it, as a stall would
 LOOP_SECONDARY = 0.1  # above this share its advice is given under any verdict
 
@@ -935,7 +1063,7 @@ def _loop_verdict(loop: dict, step_s: float, shares: dict, kind: str, recs: list
                   detail: str) -> tuple[str, list[dict], str, str]:
     """Eval and checkpoint work spread over the steps weighed against the step itself: where it takes most of
     the run's time, it is the verdict and its fix comes first (the step's own verdict follows in the detail)."""
-    per_step = {k: loop[k]["ms_per_step"] / 1e3 for k in ("eval", "checkpoint") if k in loop}
+    per_step = {k: loop[k]["ms_per_step"] / 1e3 for k in LOOP_WORK if k in loop}
     whole = step_s + sum(per_step.values())
     found = sorted((k for k in per_step if per_step[k] / whole >= LOOP_SECONDARY), key=lambda k: -per_step[k])
     own = [_loop_rec(k, loop[k], step_s, per_step[k] / whole) for k in found]
@@ -955,7 +1083,7 @@ def _loop_verdict(loop: dict, step_s: float, shares: dict, kind: str, recs: list
 def _loop_rec(what: str, work: dict, step_s: float, share: float) -> dict:
     """The period at which this work costs about 5% of the step."""
     every = max(work["every"] + 1, math.ceil(work["ms_each"] / 1e3 / (0.05 * step_s)))
-    key = "train.eval_every" if what == "eval" else "checkpoint.every"
+    key, what = LOOP_KEYS[what], "log step's on_log (train.callbacks)" if what == "log" else what
     return _rec(f"{key}={every}", f"one {what} takes {work['ms_each']:.1f} ms, {work['ms_each'] / 1e3 / step_s:.1f}x "
                 f"a step, every {work['every']} step(s): {share:.0%} of the run's time; every {every} steps it is "
                 "about 5% of it", share)
@@ -973,8 +1101,9 @@ def _notes(run: Run, bad: int, steps: int) -> list[str]:
                      f"of {steps} steps; NaN/inf values can take other kernel paths); fix the divergence first")
     if run.cfg.train.callbacks:  # on_step_end runs in each profiled step; the hooks of log steps do not
         notes.append(f"train.callbacks ({', '.join(run.cfg.train.callbacks)}): on_step_end ran in each profiled "
-                     "step (its time is host overhead); their hooks of log, eval and checkpoint steps do "
-                     "not run in profile: whatever time those take in training is not in this breakdown")
+                     "step (its time is host overhead) and on_log once, spread over train.log_every steps; their "
+                     "hooks of eval and checkpoint steps do not run in profile: whatever time those take in training "
+                     "is not in this breakdown")
     for note in notes:
         say(f"warning: {note}")
     return notes
@@ -982,8 +1111,8 @@ def _notes(run: Run, bad: int, steps: int) -> list[str]:
 
 def _loop_lines(loop: dict) -> list[str]:
     """The loop's work outside the step: not in the table's parts, which sum to the step."""
-    parts = [f"{k} {w['ms_each']:.1f} ms every {w['every']} step(s) ({w['ms_per_step']:.2f} ms/step)"
-             for k in ("eval", "checkpoint") if (w := loop.get(k))]
+    parts = [f"{LOOP_NAMES.get(k, k)} {w['ms_each']:.1f} ms every {w['every']} step(s) ({w['ms_per_step']:.2f} ms/step)"
+             for k in LOOP_WORK if (w := loop.get(k))]
     if loop.get("callbacks_ms_per_step"):
         parts.append(f"callbacks' on_step_end {loop['callbacks_ms_per_step']:.2f} ms/step (inside host overhead)")
     return ["", "Outside the step: " + "; ".join(parts) + "."] if parts else []
@@ -1002,6 +1131,9 @@ def format_report(r: dict) -> str:
     for k in PARTS:
         lines.append(f"| {k.replace('_', ' ')} | {r['breakdown_ms'][k]:.2f} | {r['breakdown_share'][k]:.1%} |")
     lines += _loop_lines(r.get("loop") or {})
+    if r.get("layers"):  # measured apart from the profiled steps: each module's own forward, children taken out
+        lines += ["", "Forward by layer (own time, measured apart): " + ", ".join(
+            f"`{la['module']}` {la['share_of_forward']:.0%}" for la in r["layers"][:5]) + "."]
     o = r["optimizer"]
     lines += ["", f"Optimizer: {o['name']} ({o['impl']}), {_count(o['params'])} parameters, "
               f"{o['state_mib']} MiB of state.", "", "## Recommendations (ranked)", ""]

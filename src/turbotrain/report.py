@@ -9,6 +9,7 @@ GPU utilisation and temperature, data wait — over steps, with the alerts of al
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -423,9 +424,12 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     refuse_links([png, md])
     try:
         render_png(run, png)
-    except OSError as e:
-        raise UserError(f"cannot write {png} ({e.strerror or e}); check the run directory's permissions and free "
-                        "space") from None
+    except OSError as e:  # a file-size or open-files limit is not cured by permissions or free space
+        from turbotrain.rundir import write_fix
+
+        fix = write_fix(e) if e.errno in (errno.EFBIG, errno.EMFILE, errno.ENFILE) else \
+            "check the run directory's permissions and free space"
+        raise UserError(f"cannot write {png} ({e.strerror or e}); {fix}") from None
     write_run_file(md, render_markdown(run, png.name))
     return png, md
 

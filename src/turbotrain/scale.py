@@ -6,7 +6,6 @@ over gloo: the table then checks the wiring, it is not a performance figure.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from turbotrain.bench import (
     run_until,
     write_results,
 )
-from turbotrain.config import load_config
+from turbotrain.config import literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import run_progress, say
@@ -107,7 +106,7 @@ def _run_scale(config: str | None, overrides: list[str], gpus: list[int], strate
                 name = names[strategy, n, r]
                 # never resumed: a run of that name with checkpoints (the user's, an earlier tool's) would train
                 # from its step on, or not at all, and the row would time a different run
-                extra = [f"parallel.strategy={strategy}", f"run.name={json.dumps(name)}", "checkpoint.every=0",
+                extra = [f"parallel.strategy={strategy}", literal("run.name", name), "checkpoint.every=0",
                          'checkpoint.resume="never"', "checkpoint.final=false"]
                 if not on_gpu:
                     extra.append("run.device=\"cpu\"")

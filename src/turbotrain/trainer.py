@@ -51,6 +51,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
             stop = StopRequest(saves=bool(run.cfg.checkpoint.every), ranks=run.env.world_size)
             with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
                 return _train(run, hooks, metrics, stop, t_start)
+        except StopNow as e:  # the exit a scheduler reads (143: stopped by SIGTERM), from wherever it landed
+            raise SystemExit(128 + e.signum) from None
         finally:
             if stop is not None:
                 stop.restore()
@@ -80,9 +82,12 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     # again); the other order could leave a finished run without final/, which no rerun writes
     if run.cfg.checkpoint.final:
         write_final(run.trainee.model, run.cfg, run.rundir.path, run.env.is_main, step=done)  # the model, always
-    if run.cfg.checkpoint.every:
-        _save(run, hooks, done)
+    saved = run.save_checkpoint(done) if run.cfg.checkpoint.every else []
     summary = _summary(run, monitor, done, t_start)  # summary.json last: it marks the run finished (watch, report)
+    # the end checkpoint's hook after summary.json: a hook that raises would leave a finished run unmarked, read as
+    # crashed, with a rerun that finds nothing left to train (and so never writes the summary)
+    for saved_step, path in saved:
+        hooks.call("on_checkpoint", saved_step, path)
     hooks.call("on_train_end", done, summary, loss=summary["final_loss"])
     if stop.signum:
         say(f"received {signal.Signals(stop.signum).name} during the final save; the run had finished and is saved")
@@ -136,7 +141,7 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
             monitor.snapshot(done, loss, grad_norm, float(lr), run.batches.wait_s, micro)  # no sync
         elif is_log or is_eval:
             with run.blame_batch(micro, done):  # a NaN stop on a batch holding NaN says so
-                row = monitor.measure(done, loss, grad_norm, float(lr), run.batches.wait_s)  # sync point
+                row = monitor.measure(done, loss, grad_norm, float(lr), run.batches.wait_s, micro)  # sync point
             if is_eval:
                 try:  # the val data's random draws (augmentation) leave training's stream as it was: else
                     with rng_kept():  # train.eval_every alone would change the loss curve, and a resume's
@@ -237,7 +242,7 @@ class StopRequest:
             self.restore()
             _say_now(f"{signal.Signals(signum).name} before the first step finished: stopping now (nothing of this "
                      "run's training to save yet)")
-            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+            raise KeyboardInterrupt if signum == signal.SIGINT else StopNow(signum)
         if signum == signal.SIGINT and self.signum:  # Ctrl-C again: the user will not wait (a step hung on a read)
             self.restore()
             raise KeyboardInterrupt
@@ -261,6 +266,17 @@ def _say_now(msg: str) -> None:
             os.write(1, f"[turbotrain] {msg}\n".encode())
         except OSError:
             pass
+
+
+class StopNow(BaseException):
+    """SIGTERM before the first step finished, raised wherever it lands: in a callback's on_train_start or the
+    first batch's read too, whose guards take a SystemExit there for the user's own sys.exit (one user error,
+    exit 2). Neither a SystemExit nor an Exception, it passes them as KeyboardInterrupt does; `train` ends the
+    process with 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the first step finished")
+        self.signum = signum
 
 
 class Stopped(Exception):

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from turbotrain.checkpoint import CheckpointConfig
-from turbotrain.config import DEFAULT_PRESET, _toml_value, load_config
+from turbotrain.config import DEFAULT_PRESET, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import say
@@ -51,13 +51,6 @@ WEAK_GAIN = 0.10
 FINAL_GAIN = 0.02  # the winner must beat the input config's median by more than this, or nothing changes
 
 Runner = Callable[[str, dict, float, str], dict]  # (name, changes, timeout_s, what) -> outcome
-
-
-def literal(key: str, value: Any) -> str:
-    """`data.num_workers=4` as a KEY=VALUE override (a TOML literal)."""
-    text = (json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool)
-            else _toml_value(value) if isinstance(value, dict) else repr(value))  # a dict: a TOML inline table
-    return f"{key}={text}"
 
 
 class Budget:
@@ -118,7 +111,7 @@ class TrialRunner:
 
         args = ["turbotrain", "train", *([self.config] if self.config else []), *self.overrides,
                 *(literal(k, v) for k, v in changes.items()), *fixed, f"train.steps={steps}",
-                f"run.out_dir={json.dumps(str(self.dir))}", f"run.name={json.dumps(name)}"]
+                literal("run.out_dir", str(self.dir)), literal("run.name", name)]
         if self.nproc > 1:
             args = ["torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}", "-m", *args]
         t0 = time.perf_counter()
@@ -135,6 +128,7 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
                                           "peak_mem_gib", "compile_s", "mfu", "dtype", "final_loss", "val_loss",
                                           "val_acc", "device_name", "global_batch")})
         out["window_spread"] = _window_spread(summary.parent / "metrics.jsonl")
+        out["steady_spread"] = _window_spread(summary.parent / "metrics.jsonl", after_warm_up=True)
         if s.get("compile_fell_back"):
             return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
@@ -156,16 +150,23 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
     return {**out, "status": status, "reason": f"exit {rc}: {reason}"}
 
 
-def _window_spread(metrics: Path) -> float | None:
+WARM_STEPS = 3  # the most warm-up steps a run leaves out of its timed figure (RunMonitor's n_warm)
+
+
+def _window_spread(metrics: Path, after_warm_up: bool = False) -> float | None:
     """The run's own noise: the range of its log windows' samples/s over their median (None: under two windows).
-    A busy machine swings a window by tens of percent; a gain within that was not told apart from it."""
-    rates = []
+    A busy machine swings a window by tens of percent; a gain within that was not told apart from it.
+    `after_warm_up`: only the windows that start after the warm-up steps, as the timed samples/s does (a first
+    window holding a compile reads several times slower: the spread of a steady run, not its noise)."""
+    rates, start = [], 0
     try:
         for line in metrics.read_text(errors="replace").splitlines():
-            rate = (json.loads(line) if line.strip().startswith("{") else {}).get("samples_per_s")
-            if type(rate) in (int, float) and 0 < rate < float("inf"):
+            row = json.loads(line) if line.strip().startswith("{") else {}
+            rate, warm = row.get("samples_per_s"), start < WARM_STEPS and after_warm_up
+            start = row["step"] if type(row.get("step")) is int else start
+            if type(rate) in (int, float) and 0 < rate < float("inf") and not warm:
                 rates.append(float(rate))
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return None
     return (max(rates) - min(rates)) / statistics.median(rates) if len(rates) >= 2 else None
 
@@ -281,8 +282,12 @@ class Search:
         return self.budget.left_for_search(finals=len(measured) >= 2)
 
     def _learn(self, t: dict, cand: Candidate) -> None:
-        """Keep the trial if it beats the best so far; learn the memory per sample from it."""
-        ctx, rate = self.ctx, t.get("samples_per_s")
+        """Keep the trial if it beats the best so far; learn the memory per sample from it. A candidate whose
+        run trained another global batch than the input config's changed the math: it is no result."""
+        ctx, rate, gb = self.ctx, t.get("samples_per_s"), self.trials[0].get("global_batch")
+        if t["status"] == "ok" and cand.changes and gb and t.get("global_batch") not in (None, gb):
+            t.update(status="error", reason=f"it changed the math: global batch {t['global_batch']}, the input "
+                     f"config's {gb} (samples a step must stay the same)")
         micro, ckpt = ctx.value("data.batch_size"), ctx.value("memory.activation_checkpointing")
         micro, ckpt = (t["config"].get("data.batch_size", micro),
                        t["config"].get("memory.activation_checkpointing", ckpt))
@@ -345,14 +350,15 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
     for t in [*[x for x in ok if not x["config"]], *[x for x in ok if x["config"]][:2]]:
         picked.setdefault(_key(t["config"]), {"id": t["id"], "label": t["label"], "config": t["config"],
                                               "rates": [t["samples_per_s"]], "rounds": [t["samples_per_s"]],
-                                              "trial": t})
+                                              "spread": t.get("steady_spread"), "trial": t})
     fins = search.finals = list(picked.values())
     lean = search.lean() if repeats and len(fins) > 1 else None
     if lean is not None and _key(lean["config"]) not in picked and _run_lean(lean, budget, run, keep_s, search):
         # its screening run is its round 0; it re-runs right after the fastest, whose rival it is
         at = next((i + 1 for i, f in enumerate(fins) if f["config"]), len(fins))
         fins.insert(at, {"id": lean["id"], "label": lean["label"], "config": lean["config"], "trial": lean,
-                         "rates": [lean["samples_per_s"]], "rounds": [lean["samples_per_s"]]})
+                         "rates": [lean["samples_per_s"]], "rounds": [lean["samples_per_s"]],
+                         "spread": lean.get("steady_spread")})
     elif lean is not None:
         search.trials.remove(lean)  # already a finalist: nothing to run
     for r in range(repeats if len(fins) > 1 else 0):
@@ -365,6 +371,8 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
             res = run(f"{f['id']}-r{r + 1}", f["config"], budget.left(),
                       f"tune: finalist {f['label']} ({r + 1}/{repeats})")
             f["rounds"].append(res.get("samples_per_s"))  # None: a failed re-run; the rounds stay aligned
+            if res.get("status") in ("oom", "error"):  # the configuration itself failed (a timeout: the budget's end)
+                f.setdefault("failed", []).append(f"re-run {r + 1}: {res['status']} ({res.get('reason')})")
             if res.get("samples_per_s"):
                 f["rates"].append(res["samples_per_s"])
     return _rank(fins)
@@ -390,6 +398,18 @@ def _rank(fins: list[dict]) -> list[dict]:
 
 
 def choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
+    """(winner, baseline finalist, what noise decided), of the finalists that ran without failing: one whose re-run
+    ran out of memory or crashed fails some runs of the same configuration (memory at the edge, a flaky kernel),
+    so it is no recommendation, however fast its other runs were (the input config stays the reference)."""
+    failed = [f for f in fins if f.get("failed") and f["config"]]
+    winner, base, note = _choose([f for f in fins if f not in failed])
+    if failed:
+        said = "; ".join(f"{f['label']} failed {', '.join(f['failed'])}" for f in failed)
+        note = f"{said}: not a recommendation" + (f"; {note}" if note else "")
+    return winner, base, note
+
+
+def _choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
     """(winner, baseline finalist, what noise decided): the fastest median, unless it beats the input config by
     noise only; of two finalists within noise of each other, the one with fewer changes (the extra ones
     measured nothing)."""
@@ -408,6 +428,12 @@ def choose(fins: list[dict]) -> tuple[dict | None, dict | None, str | None]:
                             f"it must be faster by more than {FINAL_GAIN:.0%} by median, in every round of runs, "
                             "and in each of its runs than the input config's median")
     single = [f["label"] for f in (top, base) if f is not None and top is not base and len(f["rates"]) < 2]
+    spread = max((f.get("spread") or 0.0) for f in (top, base) if f is not None)
+    if single and base is not None and top["median_samples_per_s"] <= base["median_samples_per_s"] * (1 + spread):
+        # no re-run to compare: the one measure of noise is the runs' own log windows, and the gain is inside it
+        return base, base, (f"{top['label']} ({_runs(top)}) is faster than the input config ({_runs(base)}) by less "
+                            f"than the {spread:.0%} its runs' own log windows swing, measured once (--repeats 0, or "
+                            "no budget left to re-run it): not told apart from noise")
     if single:
         once = (f"{' and '.join(single)} {'was' if len(single) == 1 else 'were'} measured once (--repeats 0, or no "
                 "budget left to re-run it): the comparison's noise is unknown")

@@ -33,6 +33,7 @@ def write_outputs(tune_dir: Path, result: dict) -> None:
                 if result["world_size"] > 1 else "turbotrain")
     result.update(tuned_toml=str(tuned), command=f"{launcher} train {tuned}", numerics=numerics_note(result))
     write_run_file(tuned, tuned_toml(result))
+    _keep_the_input(tuned, result)
     _write_record(tune_dir, result)
     say(f"tune: wrote {tuned}, tune.json, tune.md, tune.png in {tune_dir}")
     say(f"tune: train with the result: {result['command']}")
@@ -41,6 +42,35 @@ def write_outputs(tune_dir: Path, result: dict) -> None:
     if not result["winner"]["changes"] and unchanged(result).startswith("no configuration"):
         say(f"warning: tune: {unchanged(result)}; tuned.toml is the input config; give it more minutes "
             "(--budget-min) or fix what failed")
+
+
+def _keep_the_input(tuned: Path, result: dict) -> None:
+    """tuned.toml must load as the input config (its file or preset, plus the command line's overrides) with the
+    winner's changes. `extends` merges tables key by key while an override replaces a table (model.args.t={y=2}
+    over a file's t={x=1}: the trials ran without x); where the two differ, tuned.toml is rewritten whole (every
+    key, no extends), so it trains what was measured."""
+    from turbotrain.config import load_config, to_toml
+
+    w = result["winner"]
+    sets = [*result["overrides"], *(f"{k}={_toml_value(v)}" for k, v in w["changes"].items()),
+            f"run.name={_toml_value(result['run_name'] + '-tuned')}"]
+    try:
+        want = load_config(result["config"], sets)
+    except Exception:  # noqa: BLE001 - the trials loaded it; a check that cannot run leaves the file as written
+        return
+    try:
+        if to_toml(load_config(str(tuned))) == to_toml(want):  # as text: a nan in model.args equals itself
+            return
+    except Exception:  # noqa: BLE001 - a file that does not load at all is rewritten whole, as one that differs
+        pass
+    effects = _effects(result)
+    changed = [f"#   {k} = {_toml_value(v)}: {effects.get((k, _toml_value(v)), 'part of ' + w['label'])}"
+               for k, v in w["changes"].items()]
+    write_run_file(tuned, "\n".join([
+        *tuned_toml(result).splitlines()[:2],
+        "# Every key, no extends: the input's overrides replace tables that extends would merge into.",
+        "# Input: " + " ".join(" ".join([result["config"], *result["overrides"]]).split()),  # one comment line
+        "# The winner's changes:" if changed else "# No changes.", *changed, "", to_toml(want)]) + "\n")
 
 
 def numerics_note(result: dict) -> str | None:
@@ -60,7 +90,7 @@ def numerics_note(result: dict) -> str | None:
 def unchanged(result: dict) -> str:
     """Why the winner is the input config: no other configuration was measured at all, or none beat it beyond
     noise (said apart: the first compared nothing)."""
-    if not any(t["tried"] and t.get("samples_per_s") for t in result["trials"]):
+    if not any(t["tried"] and t.get("samples_per_s") and t["status"] in ("ok", "slower") for t in result["trials"]):
         return ("no configuration but the input config was measured (every candidate was skipped or failed: see "
                 "tune.md); nothing was compared")
     return result.get("noise") or "nothing measured faster than the input config beyond noise"
@@ -174,7 +204,8 @@ def format_table(result: dict) -> str:
               "median):", "", "| finalist | runs (samples/s) | median | x input |", "|---|---|---|---|"] \
         if result["finalists"] else ["", "Finalists: none."]
     for f in result["finalists"]:
-        lines.append(f"| {f['label']} ({f['id']}) | {', '.join(f'{r:,.1f}' for r in f['rates'])} | "
+        runs = ", ".join([*(f"{r:,.1f}" for r in f["rates"]), *(x[:120] for x in f.get("failed", ()))])
+        lines.append(f"| {f['label']} ({f['id']}) | {runs} | "
                      f"{f['median_samples_per_s']:,.1f} | {_f(f.get('speedup'), '.2f')} |")
     if w is not None:
         lines.append(f"\nWinner: **{w['label']}** ({w['trial']}), {_f(w.get('speedup'), '.2f')}x the input config "

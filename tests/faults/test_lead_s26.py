@@ -6,8 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from tests.faults.common import BASE_TOML, lit
+from tests.faults.common import BASE_TOML, CrashAt, error_line, lit
+from tests.helpers import tiny_gpt
 from turbotrain.cli import main
+from turbotrain.trainer import train
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
@@ -27,3 +29,32 @@ def test_a_leak_in_a_process_that_held_more_before_the_run_reads_as_growth(tmp_p
     alerts = [json.loads(ln) for ln in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
     assert [a["rule"] for a in alerts].count("memory_growth") == 1, alerts
     assert "alert memory_growth" in capsys.readouterr().out
+
+
+def test_a_second_branch_to_the_same_step_sets_aside_under_a_free_name(tmp_path):
+    """A run finished at step 4, extended to 6, branched back to 4 (finished there again), then extended again: the
+    second summary of step 4 found the first one's name taken, stayed in place (said to be moved), and the new
+    attempt read as finished."""
+    over = ["checkpoint.every=2", "data.eval_batches=0", "run.name=r", "checkpoint.keep=10"]
+    run = tmp_path / "r"
+    train(tiny_gpt(tmp_path, "train.steps=4", *over))
+    train(tiny_gpt(tmp_path, "train.steps=6", *over))  # summary of step 4 set aside
+    ckpt = run / "checkpoints" / "step-00000002"
+    train(tiny_gpt(tmp_path, "train.steps=4", *over, f"checkpoint.resume={str(ckpt)!r}"))  # a branch, finished at 4
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    with pytest.raises(Exception, match="crash for the test"):
+        train(tiny_gpt(tmp_path, "train.steps=8", *over), callbacks=[CrashAt(5)])
+    assert not (run / "summary.json").exists()
+    kept = sorted(p.name for p in run.glob("summary.step-*.json"))
+    assert kept == ["summary.step-00000004.2.json", "summary.step-00000004.json", "summary.step-00000006.json"], kept
+
+
+def test_a_finished_run_without_its_summary_says_why_it_reads_as_stopped(tmp_path, capsys):
+    """Killed between its end checkpoint and summary.json: the rerun found nothing to do and said only that."""
+    rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=4", "checkpoint.every=2"])
+    assert rc == 0
+    (tmp_path / "fault" / "summary.json").unlink()
+    capsys.readouterr()
+    rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=4", "checkpoint.every=2"])
+    line = error_line(capsys.readouterr().err)
+    assert rc == 2 and "nothing to do" in line and "between its end checkpoint and summary.json" in line, line

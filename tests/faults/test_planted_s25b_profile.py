@@ -192,7 +192,8 @@ def test_a_gloo_all_reduce_waited_for_is_communication_not_host_overhead():
 
     from tests.helpers import userpkg_env
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
-    peer = subprocess.Popen([sys.executable, "-c", PEER, str(store.port), "0.5"], env=userpkg_env())
+    # the peer sleeps 3 s after joining: rank 0's profiler start and step take far less even on a loaded machine
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(store.port), "3"], env=userpkg_env())
     try:
         dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=30))
         w, x = torch.randn(64, 64, requires_grad=True), torch.randn(8, 64)

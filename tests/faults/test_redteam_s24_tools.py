@@ -43,9 +43,9 @@ def _left_alone(tmp_path) -> None:
 # ---------------------------------------------------------------- the loop's work outside the step
 
 def test_an_evaluation_every_step_is_eval_bound_and_told_to_evaluate_less(tmp_path):
-    """20 validation batches after every 1-batch step: most of the run is evaluation, which profile never ran;
+    """200 validation batches after every 1-batch step: most of the run is evaluation, which profile never ran;
     the step alone read as healthy and the advice was about the step."""
-    report, md, argv = _profile(tmp_path, "train.eval_every=1", "data.eval_batches=20")
+    report, md, argv = _profile(tmp_path, "train.eval_every=1", "data.eval_batches=200", "data.args={n=8192}")
     assert report["verdict"] == "eval-bound" and report["bottleneck"] == "eval", report["loop"]
     first = report["recommendations"][0]["set"]
     assert first.startswith("train.eval_every=") and int(first.split("=")[1]) > 1

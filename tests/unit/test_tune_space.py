@@ -215,8 +215,7 @@ def test_tuned_toml_says_fp8_changes_the_numerics():
 def test_tuned_toml_writes_an_inductor_table_with_its_effect_and_a_trial_passes_it_as_a_toml_table():
     import tomllib
 
-    from turbotrain.config import parse_value
-    from turbotrain.tune import literal
+    from turbotrain.config import literal, parse_value
     from turbotrain.tune_report import tuned_toml
 
     changes = {"compile.inductor": {"triton.mix_order_reduction": False}}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import multiprocessing.connection
 import os
 import signal
@@ -80,11 +81,42 @@ def build_dataset(cfg: DataConfig, split: str) -> Dataset:
     """`build_dataset(cfg, "train")` through the built-in or user factory `build(split, **args)`; dict items
     are seen as (inputs, targets) through `map_dict_items`."""
     factory = load_object(cfg.name, "data.name") if is_import_spec(cfg.name) else BUILTIN[cfg.name]
+    _check_takes_split(factory, cfg.name, cfg.args)
     ds = call_factory(factory, "data.args", split, **cfg.args)
+    if isinstance(ds, type):  # `return MyDataset`, the call forgotten: its len() would fail as if it were the user's
+        raise UserError(f"data.name = {cfg.name!r}: the factory returned the class {ds.__name__}, not a dataset; "
+                        f"return an instance, {ds.__name__}(...)")
     if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
         raise UserError(f"data.name = {cfg.name!r}: the factory returned {type(ds).__name__} for split {split!r}, "
                         f"not a map-style Dataset (an object with __getitem__ and __len__)")
     return map_dict_items(ds, f"data.name = {cfg.name!r}")
+
+
+def _check_takes_split(factory: Any, name: str, args: dict) -> None:
+    """A data factory is called as fn(split, **data.args): one without a split parameter would be reported as
+    "too many positional arguments; it takes no data.args", or, its first parameter also a data.args key, as
+    "got multiple values for argument 'n'", blaming data.args; or its first parameter, a size with a number for
+    default, would get "train" and fail inside the user's code."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (some builtins): the call itself says what is wrong
+        return
+    first = next((p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)),
+                 None)
+    if first is None:
+        why = "takes no positional argument"
+    elif first.kind is first.VAR_POSITIONAL:
+        return
+    elif first.name in args:
+        why = f"has no split parameter: its first, {first.name!r}, is also set by data.args"
+    elif first.default is not first.empty and first.default is not None and not isinstance(first.default, str):
+        # `def dataset(n=2048, ...)`: "train" would go to n and fail deep in the user's code, or pass unseen
+        why = f"has no split parameter: its first, {first.name!r} (default {first.default!r}), would receive it"
+    else:
+        return
+    raise UserError(f"data.name = {name!r}: the factory {why}; it is called as fn(split, **data.args) with split "
+                    f"\"train\" or \"val\": give it a first parameter for the split, e.g. "
+                    f"def {getattr(factory, '__name__', 'build')}(split, ...)")
 
 
 class StepSampler:

@@ -54,15 +54,18 @@ class Alerts:
         self.held: dict[str, int] = {}  # repeats not sent since the last alert of the rule
         self.counts: dict[str, int] = {}  # every firing, sent or held
 
-    def check_loss(self, loss: float, step: int, bad_streak: float, final: bool) -> None:
+    def check_loss(self, loss: float, step: int, bad_streak: float, final: bool, nan_data: str | None = None) -> None:
         """Raise NonFiniteLoss when the loss stays non-finite; run the loss rules on a finite one.
         `bad_streak`: the non-finite steps in a row up to this one, counted on the device every step (the
-        loss is only read at log steps), averaged over ranks so that every rank decides alike."""
+        loss is only read at log steps), averaged over ranks so that every rank decides alike. `nan_data`: the
+        part of this step's batch that holds NaN/inf ("inputs", "targets"), None when it is clean or not known."""
         if not math.isfinite(loss):
             streak = max(1, math.ceil(bad_streak))
             # the step it went non-finite at: what broke it (a batch, an LR step) was there, not at this log step
             since = f" (since step {step - streak + 1})" if streak > 1 else ""
             msg = f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} step(s){since}; " + (
+                f"this step's batch holds NaN/inf in its {nan_data}: the data gives non-finite values; clean the data "
+                "(or drop such samples in the dataset)" if nan_data else
                 "lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16" if self.grad_bad_at is None else
                 f"the gradient norm went NaN/inf first, at step {self.grad_bad_at}, while the loss was finite: an op "
                 "with a NaN gradient (a sqrt/log/division at 0 in a branch torch.where leaves out) corrupted the "

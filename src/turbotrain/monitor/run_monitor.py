@@ -27,7 +27,7 @@ from turbotrain.monitor.nvml import GpuStats
 from turbotrain.monitor.rules import Fired, MonitorConfig, straggler
 from turbotrain.monitor.stragglers import ForwardTimer, StragglerWatch
 from turbotrain.monitor.throughput import Meter
-from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog, end_children
+from turbotrain.monitor.watchdog import HUNG_EXIT_CODE, Watchdog, end_children, hang_cause, stuck_in
 from turbotrain.rundir import regular_fd
 from turbotrain.workload import peak_mem_gib, sync
 
@@ -99,16 +99,17 @@ class RunMonitor:
             self.meter.warm_done()
 
     def measure(self, done: int, loss: torch.Tensor, grad_norm: torch.Tensor | None, lr: float,
-                data_wait_s: float) -> dict:
+                data_wait_s: float, batch: object = None) -> dict:
         """The metrics row of a log step. Sync point: reads the clock and the loss. Stops the window clock, so
-        what runs before `write` (evaluation) stays out of the throughput. Runs the alert rules."""
+        what runs before `write` (evaluation) stays out of the throughput. Runs the alert rules. `batch`: the
+        step's micro-batches, for naming NaN/inf data as the cause of a non-finite loss."""
         sync(self.device)
         window = self.meter.window(done, data_wait_s)
         # the non-finite streak is the longest on any rank (a mean would stop a NaN on one of N ranks N times late)
         loss_v, peak, streak = all_mean([loss.item(), peak_mem_gib(self.device), self.bad_streak.item()], self.device,
                                         maxed=(2,))
         return self._row(done, window, loss_v, grad_norm.item() if grad_norm is not None else None, lr, peak, streak,
-                         data_wait_s)
+                         data_wait_s, batch=batch)
 
     @property
     def can_defer(self) -> bool:
@@ -141,10 +142,10 @@ class RunMonitor:
         window = self.meter.window(p.done, p.wait_s)
         loss_v, norm, streak = self._host.tolist()
         return self._row(p.done, window, loss_v, norm if p.has_norm else None, p.lr, peak_mem_gib(self.device),
-                         streak, p.wait_s, overlapped=True, checks=checks)
+                         streak, p.wait_s, overlapped=True, checks=checks, batch=p.batch)
 
     def _row(self, done: int, window: tuple, loss_v: float, grad_v: float | None, lr: float, peak: float,
-             streak: float, wait_s: float, overlapped: bool = False, checks: bool = True) -> dict:
+             streak: float, wait_s: float, overlapped: bool = False, checks: bool = True, batch: object = None) -> dict:
         warm = self.meter.window_start - self.start_step >= self.n_warm  # no compile / warm-up in this window
         dt, n, wait = window
         rate = n * self.cost.global_batch / dt
@@ -161,7 +162,8 @@ class RunMonitor:
         if not checks:  # a row written as the run fails for another reason (close)
             return row
         try:
-            self.alerts.check_loss(loss_v, done, streak, final=done == self.steps)
+            self.alerts.check_loss(loss_v, done, streak, final=done == self.steps,
+                                   nan_data=None if math.isfinite(loss_v) else _nonfinite_part(batch))
         except NonFiniteLoss:  # the run ends here: its last row, with the NaN that ended it, is kept
             self.write(row, wait_s, overlapped)
             raise
@@ -193,7 +195,8 @@ class RunMonitor:
         sinks finish (bounded), then end the process — torchrun then tears the other ranks down."""
         rank = self.env.rank
         msg = (f"no step completed for {since:.1f} s after step {step} (monitor.hang_timeout_s = "
-               f"{self.cfg.hang_timeout_s:g}); ending the run (every thread's stack of rank {rank} follows)\n{stacks}")
+               f"{self.cfg.hang_timeout_s:g}), {hang_cause(stuck_in())}; ending the run (every thread's stack of "
+               f"rank {rank} follows)\n{stacks}")
         self.alerts.emit(Fired("hung_step", since, self.cfg.hang_timeout_s, msg), step, repeat=True)
         print(f"{stacks}\n[turbotrain] rank {rank}: hung after step {step} (nothing completed for {since:.1f} s, "
               f"monitor.hang_timeout_s = {self.cfg.hang_timeout_s:g}); every thread's stack is above",
@@ -336,6 +339,19 @@ def _build_alerts(run_dir: Path, env: DistEnv, cfg: MonitorConfig, max_bad_steps
         prometheus = sinks.Prometheus(port, cfg.prometheus_addr, env.rank)
     return Alerts(max_bad_steps, cfg, rank=env.rank, jsonl=sinks.JsonlFile(run_dir / "alerts.jsonl"),
                   webhook=webhook, prometheus=prometheus)
+
+
+def _nonfinite_part(batch: object) -> str | None:
+    """"inputs" / "targets" when a micro-batch of the step (a list of them, or one) holds NaN/inf there, else None.
+    Read only once the loss is non-finite: nothing on the good path; a batch of another shape says nothing."""
+    from turbotrain.contract import nonfinite_part
+
+    micro = batch if isinstance(batch, list) else [batch] if batch is not None else []
+    for b in micro:
+        with contextlib.suppress(Exception):  # a batch of the user's own structure: no verdict, not a failure
+            if part := nonfinite_part(b):
+                return part
+    return None
 
 
 def _records(path: Path) -> list[dict]:

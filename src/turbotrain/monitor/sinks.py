@@ -143,14 +143,15 @@ class Webhook:
         self.undelivered.close()
 
 
-def _serve_error(e: OSError, addr: str, port: int) -> UserError:
-    # an address the host cannot resolve or bind (gaierror, EADDRNOTAVAIL) is the address's fault;
-    # a port in use or privileged, the port's
-    bad_addr = isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL
+def _serve_error(e: OSError | UnicodeError, addr: str, port: int) -> UserError:
+    # an address the host cannot resolve or bind (gaierror, EADDRNOTAVAIL) is the address's fault, as is a name
+    # that is no host name at all (an empty or 64+ character label: the idna codec's UnicodeError); a port in use
+    # or privileged, the port's
+    bad_addr = isinstance(e, (socket.gaierror, UnicodeError)) or getattr(e, "errno", None) == errno.EADDRNOTAVAIL
     fix = ("set monitor.prometheus_addr to an address of this host (\"0.0.0.0\": all of them, "
            "\"127.0.0.1\": this host only)" if bad_addr else "choose a free port (>= 1024 unless root)")
     return UserError(f"monitor.{'prometheus_addr' if bad_addr else 'prometheus_port'}: cannot serve /metrics "
-                     f"on {addr}:{port} ({e.strerror or e}); {fix}")
+                     f"on {addr}:{port} ({getattr(e, 'strerror', None) or e}); {fix}")
 
 
 def _port_in_range(port: int) -> None:
@@ -172,7 +173,7 @@ def check_port(port: int, addr: str) -> None:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server's own socket
             s.bind(sockaddr)
-    except OSError as e:
+    except (OSError, UnicodeError) as e:
         raise _serve_error(e, addr, port) from None
 
 
@@ -198,7 +199,7 @@ class Prometheus:
                                  ["rank", "rule"], registry=self.registry)
         try:
             self.server, self.thread = pc.start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as e:
+        except (OSError, UnicodeError) as e:
             raise _serve_error(e, addr, port) from None
         say(f"monitor: Prometheus metrics on http://{addr}:{port}/metrics")
 

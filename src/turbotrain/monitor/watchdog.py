@@ -32,6 +32,33 @@ def thread_stacks() -> str:
     return "\n\n".join(parts)
 
 
+# where a stuck main thread waits, by the files of its frames: the loader (turbotrain's and torch's, a worker's
+# queue too) means the next batch never came; anything else (the model, the loss, backward, an optimizer, a
+# collective) is the step itself
+_DATA_FILES = ("/torch/utils/data/", "/turbotrain/data/")
+
+
+def stuck_in() -> str:
+    """What the main thread is stuck in, from its stack: "data" (waiting for a batch: the dataset's read, a
+    loader worker) or "step" (the forward, backward or optimizer step, a collective); "" when it is gone."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return ""
+    files = [f.f_code.co_filename.replace("\\", "/") for f, _ in traceback.walk_stack(frame)]
+    return "data" if any(d in name for name in files for d in _DATA_FILES) else "step"
+
+
+def hang_cause(where: str) -> str:
+    """The cause and fix a hung_step alert names for `where` (stuck_in)."""
+    if where == "data":
+        return ("stuck waiting for the next batch: a read of the dataset never returned (a stuck network "
+                "filesystem, a dead data server, a loader worker deadlocked); check the storage the data reads "
+                "from (the stack below shows the read; with data.num_workers > 0 it is in a worker: set 0 to see it)")
+    return ("stuck in the training step (the model's forward or backward, the optimizer, or a collective waiting "
+            "for a rank that is gone); the stack below shows where; if a step really takes this long, raise "
+            "monitor.hang_timeout_s")
+
+
 def end_children() -> None:
     """Kill this process's own child processes (DataLoader workers) before a hung run ends: a worker stuck in a
     read of the user's dataset never gets back to its check that the parent is alive, and would be left running
@@ -70,7 +97,13 @@ class Watchdog:
         while not self._stop.wait(tick):
             since = self.overdue()
             if since is not None:
-                self.on_hang(since, self.last_step, thread_stacks())
+                try:
+                    self.on_hang(since, self.last_step, thread_stacks())
+                except BaseException:  # the handler failed: the run is still stuck, and must still end
+                    print(f"{traceback.format_exc()}[turbotrain] hung after step {self.last_step} (nothing "
+                          f"completed for {since:.1f} s); ending the run", file=sys.stderr, flush=True)
+                    end_children()
+                    os._exit(HUNG_EXIT_CODE)
                 return
 
     def stop(self) -> None:
