@@ -58,3 +58,14 @@ def test_a_finished_run_without_its_summary_says_why_it_reads_as_stopped(tmp_pat
     rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=4", "checkpoint.every=2"])
     line = error_line(capsys.readouterr().err)
     assert rc == 2 and "nothing to do" in line and "between its end checkpoint and summary.json" in line, line
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_deferred_log_row_names_nan_data_in_the_loss_alert(tmp_path, capsys):
+    """One GPU builds log rows a step late (snapshot, then deferred): the alert must check the batch it kept."""
+    rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", 'data.name="userpkg.lead_s25:nan_rows"',
+               "data.args={n=8}", 'run.device="cuda"', "train.steps=40", "train.log_every=2", "checkpoint.every=0"])
+    assert rc == 2
+    alerts = [json.loads(ln) for ln in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
+    bad = [a for a in alerts if a["rule"] == "loss_nonfinite"]
+    assert bad and "clean the data" in bad[0]["message"] and "lower train.lr" not in bad[0]["message"], alerts
