@@ -22,7 +22,7 @@ import pytest
 from tests.faults.common import BASE_TOML, lit
 from turbotrain.cli import main
 from turbotrain.config import load_config
-from turbotrain.tune import TrialRunner
+from turbotrain.tune import TrialRunner, outcome
 from turbotrain.tune_space import Ctx, dimensions, probe_workload
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
@@ -46,6 +46,25 @@ def _stand_in(rate, log=None):
             return {"status": "error", "reason": "exit 1: RuntimeError: planted failure", "wall_s": 0.5}
         return {"status": "ok", "samples_per_s": r, "samples_per_s_median_window": r, "peak_mem_gib": 0.1,
                 "compile_s": 0.0, "wall_s": 0.5, "device_name": "cpu", "global_batch": 16}
+
+    return call
+
+
+def _windows(rate, factors, global_batch=16):
+    """A TrialRunner.__call__ that writes a run as `train` would (summary.json; metrics.jsonl with a log window every
+    10 steps, the i-th at rate x factors[i]) and reads it back with tune's own `outcome`."""
+    runs: dict[str, int] = {}
+
+    def call(self, name, changes, timeout_s, what, *a, **k):
+        key = json.dumps(changes, sort_keys=True)
+        n = runs[key] = runs.get(key, -1) + 1
+        r, run_dir = rate(changes, n), self.dir / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": 10 * (i + 1), "samples_per_s": r * f}) + "\n" for i, f in enumerate(factors)))
+        (run_dir / "summary.json").write_text(json.dumps({"samples_per_s": r, "peak_mem_gib": 0.1, "compile_s": 0.0,
+                                                          "device_name": "cpu", "global_batch": global_batch}))
+        return outcome(0, self.dir / f"{name}.log", run_dir / "summary.json", 0.5)
 
     return call
 

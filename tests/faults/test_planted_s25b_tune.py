@@ -15,7 +15,7 @@ import json
 import pytest
 
 from tests.faults.common import BASE_TOML, lit
-from tests.faults.test_planted_s25_tune import _out, _stand_in, _tune
+from tests.faults.test_planted_s25_tune import _out, _stand_in, _tune, _windows
 from turbotrain.tune import TrialRunner
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
@@ -106,23 +106,8 @@ def test_a_gain_within_the_runs_own_window_spread_is_weakly_measured(tmp_path, m
     """A busy machine: every run's log windows swing +-30 % around its rate (metrics.jsonl, read by tune as it
     reads a real trial's). The fused optimizer screens 20 % faster once, above the fixed 10 % but within that
     spread: it is re-checked by the best without it, and as fast as that in the re-runs, it is left out."""
-    from turbotrain.tune import outcome
-
     rate = _chain(lambda n: 1.2 if n == 0 else 1.0)
-    runs: dict[str, int] = {}
-
-    def call(self, name, changes, timeout_s, what, *a, **k):
-        key = json.dumps(changes, sort_keys=True)
-        n = runs[key] = runs.get(key, -1) + 1
-        r, run_dir = rate(changes, n), self.dir / name
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * (i + 1), "samples_per_s": r * f}) + "\n"
-                                                       for i, f in enumerate((0.7, 1.3, 1.0, 1.0))))
-        (run_dir / "summary.json").write_text(json.dumps({"samples_per_s": r, "peak_mem_gib": 0.1, "compile_s": 0.0,
-                                                          "device_name": "cpu", "global_batch": 16}))
-        return outcome(0, self.dir / f"{name}.log", run_dir / "summary.json", 0.5)
-
-    monkeypatch.setattr(TrialRunner, "__call__", call)
+    monkeypatch.setattr(TrialRunner, "__call__", _windows(rate, (0.7, 1.3, 1.0, 1.0)))
     assert _tune(tmp_path) == 0
     result, _, toml = _out(tmp_path)
     fused = next(t for t in result["trials"] if t["tried"] == {"train.optimizer_impl": "fused"})

@@ -20,10 +20,10 @@ import json
 import pytest
 
 from tests.faults.common import BASE_TOML, lit
-from tests.faults.test_planted_s25_tune import _stand_in
+from tests.faults.test_planted_s25_tune import _stand_in, _windows
 from turbotrain.cli import main
 from turbotrain.config import load_config
-from turbotrain.tune import TrialRunner, outcome
+from turbotrain.tune import TrialRunner
 
 pytestmark = pytest.mark.usefixtures("userpkg_importable")
 
@@ -67,25 +67,6 @@ def test_tuned_toml_extends_the_input_where_that_reads_back_the_same(tmp_path, m
     assert got.model == measured.model and got.train.optimizer_impl == "fused"
 
 
-def _windows(rate, factors):
-    """A TrialRunner.__call__ that writes a run as `train` would (summary.json; metrics.jsonl with a log window every
-    10 steps, the i-th at rate x factors[i]) and reads it back with tune's own `outcome`."""
-    runs: dict[str, int] = {}
-
-    def call(self, name, changes, timeout_s, what, *a, **k):
-        key = json.dumps(changes, sort_keys=True)
-        n = runs[key] = runs.get(key, -1) + 1
-        r, run_dir = rate(changes, n), self.dir / name
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": 10 * (i + 1), "samples_per_s": r * f}) + "\n" for i, f in enumerate(factors)))
-        (run_dir / "summary.json").write_text(json.dumps({"samples_per_s": r, "peak_mem_gib": 0.1, "compile_s": 0.0,
-                                                          "device_name": "cpu", "global_batch": 8}))
-        return outcome(0, self.dir / f"{name}.log", run_dir / "summary.json", 0.5)
-
-    return call
-
-
 BUSY = (1.0, 0.7, 1.3, 1.0)  # a busy machine: the steady windows swing +-30 % (spread 60 %)
 WARM = (0.1, 1.0, 1.02, 0.98)  # a quiet one: the first window holds the warm-up (a compile), 10x slower
 
@@ -98,7 +79,7 @@ def test_a_gain_measured_once_inside_the_runs_window_swing_is_noise(tmp_path, mo
     def rate(changes, n):
         return 100.0 * (gain if changes == {"train.optimizer_impl": "fused"} else 0.5 if changes else 1.0)
 
-    monkeypatch.setattr(TrialRunner, "__call__", _windows(rate, windows))
+    monkeypatch.setattr(TrialRunner, "__call__", _windows(rate, windows, global_batch=8))
     assert main(["tune", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "--budget-min", "5", "--repeats", "0"]) == 0
     out = tmp_path / "fault" / "tune"
     result, toml = json.loads((out / "tune.json").read_text()), (out / "tuned.toml").read_text()
