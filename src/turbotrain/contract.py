@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from turbotrain.errors import UserError
+from turbotrain.models.structure import own_loss
 from turbotrain.plugins import call_user
 
 # ---------------------------------------------------------------- arguments of the built-in factories
@@ -501,7 +502,7 @@ def _size_hooks(model: nn.Module) -> list:
 
 def _first_forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable | None, names: Names):
     try:
-        return model(x) if loss_fn is not None else model(x, y)
+        return model(x) if loss_fn is not None else own_loss(model(x, y))
     except _Mismatch as e:
         raise UserError(f"{names.model} does not fit {names.data} (inputs {_describe(x)}): {e}; "
                         f"make the model's input sizes match the data") from None

@@ -5,6 +5,8 @@
     run_dir/final/config.toml         the effective config, data-derived model arguments included: enough to
                                       rebuild the model (`models.build_model(cfg.model)`) without the data
     run_dir/final/final.json          what wrote it, the model's class, the weights' sha256
+    run_dir/final/hf_config.json      an HF model's own config (its class in `architectures`): the model trained,
+                                      even one passed in code, rebuilt for `load` and `export --format hf`
 
 Usage:
     model = turbotrain.load("runs/gpt-shakespeare")            # eval mode, on the GPU when there is one
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -41,6 +44,7 @@ from turbotrain.models.structure import model_class_name
 from turbotrain.rundir import RunDir, write_fix
 
 FINAL, WEIGHTS, FORMATS = "final", "model.safetensors", ("safetensors", "hf")
+HF_CONFIG = "hf_config.json"
 
 
 def _user_module(model: nn.Module) -> nn.Module:
@@ -148,6 +152,8 @@ def _write_final_files(user: nn.Module, state: dict, cfg, final: Path, step: int
         tmp.mkdir(parents=True)
         save_weights(state, _tied_duplicates(user), tmp / WEIGHTS)
         (tmp / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
+        if (text := hf_config_text(user)) is not None:
+            (tmp / HF_CONFIG).write_text(text, encoding="utf-8")
         info = {"format": 1, "weights": WEIGHTS, "sha256": sha256(tmp / WEIGHTS), "model": cfg.model.name,
                 "class": model_class_name(user), "torch": torch.__version__,
                 "step": cfg.train.steps if step is None else step}  # see _newer_checkpoint
@@ -168,6 +174,42 @@ def _write_final_files(user: nn.Module, state: dict, cfg, final: Path, step: int
         old.unlink()
     shutil.rmtree(old, ignore_errors=True)
     return None
+
+
+def hf_config_text(user: nn.Module) -> str | None:
+    """An HF model's own config, written beside config.toml (the run's and final/'s): config.toml names only
+    `model.name`, which for a model passed in code (`train(cfg, model=LlamaForCausalLM(...))`) builds another
+    model, or hf:gpt2 at its default sizes. None for any other model."""
+    from turbotrain.models.hf import HFModel, is_hf_model
+
+    # transformers' own classes only: one of the user's code (a subclass, a trust_remote_code folder) is rebuilt
+    # from config.toml's model.name or loaded into the user's instance
+    m = _user_module(user)
+    hf = m.hf if isinstance(m, HFModel) else m if is_hf_model(m) else None
+    if hf is None or getattr(sys.modules["transformers"], type(hf).__name__, None) is not type(hf):
+        return None
+    # the class trained, whatever `architectures` the config came with (a classifier built from an LM's config
+    # keeps the LM's); the rebuild reads it
+    saved = json.loads(hf.config.to_json_string(use_diff=False))
+    return json.dumps({**saved, "architectures": [type(hf).__name__]}, indent=2)
+
+
+def _build_hf_saved(final: Path) -> nn.Module | None:
+    """The HF model `final`/hf_config.json describes (hf_config_text), fresh weights; None without one."""
+    if not (final / HF_CONFIG).is_file():
+        return None
+    from turbotrain.models.hf import HFModel, require_transformers
+
+    transformers = require_transformers(f"{final}: the HF model it holds")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(final / HF_CONFIG))
+        cls = getattr(transformers, (config.architectures or [""])[0])
+        hf = cls._from_config(config)  # HFModel keeps it in float32
+    except Exception as e:  # a config from another transformers, an architecture this one lacks
+        raise UserError(f"{final / HF_CONFIG}: transformers {transformers.__version__} cannot rebuild the model it "
+                        f"describes ({type(e).__name__}: {e}); install the transformers the run was trained with, "
+                        f"or load into your own instance: `turbotrain.load(run, model=MyHFModel(...))`") from None
+    return HFModel(hf)
 
 
 def _final_dir(run_dir: str | os.PathLike) -> Path:
@@ -313,7 +355,7 @@ def _build(config_toml: Path) -> tuple[nn.Module, object]:
     from turbotrain.models import build_model
 
     cfg = load_config(str(config_toml))
-    return build_model(cfg.model), cfg
+    return _build_hf_saved(config_toml.parent) or build_model(cfg.model), cfg
 
 
 def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
@@ -326,7 +368,7 @@ def load(run_dir: str | os.PathLike, device: str | torch.device | None = None,
     final = _final_dir(run_dir)
     if model is None:
         with torch.random.fork_rng(devices=[]):  # the build's initialisation draws; the caller's streams stay put
-            model, _ = _build(final / "config.toml")
+            model = _build(final / "config.toml")[0]
         _check_class(final, model, run_dir)
         into = "the model its config.toml builds"
         fix = (f"if the run was trained on a model passed in code, load into an instance of it: "
@@ -445,7 +487,7 @@ def export(run_dir: str | os.PathLike, fmt: str, out: str | os.PathLike | None =
         if fmt == "safetensors":
             # final.json too: its class record lets `load` on the export refuse a config that builds another model
             with _writing(dest, replace) as tmp:
-                for name in (WEIGHTS, "config.toml", "final.json"):
+                for name in (WEIGHTS, "config.toml", "final.json", HF_CONFIG):
                     if (final / name).is_file():
                         shutil.copyfile(final / name, tmp / name)
         else:

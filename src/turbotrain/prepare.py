@@ -263,7 +263,7 @@ def prepare(cfg: Config, model: nn.Module | None = None, train_data: Dataset | N
         cfg = _measured_attention(cfg, trainee, sample)
         start_step, cfg = (0, cfg) if probe else _resume(ckpt, trainee, cfg, shapes, cost.global_batch, sampler.n)
         if env.is_main and not probe:
-            _start_files(rundir, cfg, start_step, ckpt.from_elsewhere, given)
+            _start_files(rundir, cfg, start_step, ckpt.from_elsewhere, given, model)
         sampler.start_step, sampler.seed = start_step, cfg.run.seed
         batches = Batches(train_ds, sampler, device, cfg.data.device_resident, _loader_settings(cfg),
                           cfg.memory.channels_last, who=names.data, first=sample)
@@ -313,10 +313,14 @@ def _check_first_batch(model: nn.Module, sample: tuple, loss_fn: LossFn | None, 
     return None
 
 
-def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: bool, given: list[str]) -> None:
+def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: bool, given: list[str],
+                 model: nn.Module) -> None:
     """The run directory's files at the start: an earlier run set aside whole unless this run continues it (a
-    fresh start, or a resume from another run's checkpoint, starts anew here), config.toml, the metrics trimmed
-    to the step resumed from."""
+    fresh start, or a resume from another run's checkpoint, starts anew here), config.toml (and an HF model's own
+    config: `export` rebuilds the model of an unfinished run from them), the metrics trimmed to the step resumed
+    from."""
+    from turbotrain.export import HF_CONFIG, hf_config_text
+
     fresh = start_step == 0 or from_elsewhere
     if fresh and (moved := rundir.set_aside()):
         why = "" if start_step or from_elsewhere or cfg.checkpoint.resume == "never" else (
@@ -326,6 +330,8 @@ def _start_files(rundir: RunDir, cfg: Config, start_step: int, from_elsewhere: b
     note = (f"# {', '.join(given)} passed to turbotrain.train() as Python objects: this file does not rebuild "
             "them\n" if given else "")
     write_run_file(rundir.path / "config.toml", note + to_toml(cfg))
+    if (text := hf_config_text(model)) is not None:
+        write_run_file(rundir.path / HF_CONFIG, text)
     if start_step and not fresh:
         rundir.trim_metrics(start_step)
         _set_aside_finished(rundir.path, start_step)

@@ -342,7 +342,15 @@ def _fmt(v) -> str:
         return f"{v:.4g}"
     if isinstance(v, int) and not isinstance(v, bool) and not _finite(v):
         return "(out of range)"  # a damaged value of hundreds of digits
-    return "–" if v is None else str(v).replace("|", "\\|")
+    return "–" if v is None else md_cell(v)  # a string of a damaged file: its newlines would end the table row
+
+
+def _figure(v) -> str:
+    """A figure of the table: a value of another kind (a string, list or bool in a damaged summary.json or row) is
+    said to be no number, never shown as if it were the figure."""
+    if v is None or isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool)):
+        return _fmt(v)
+    return f"(not a number: {md_cell(json.dumps(v), 40)}; the file is damaged)"
 
 
 def render_markdown(run: RunFiles, png_name: str) -> str:
@@ -351,12 +359,12 @@ def render_markdown(run: RunFiles, png_name: str) -> str:
              "| figure | value |", "|---|---|",
              f"| state | {describe_state(run)} |",
              f"| last step | {_fmt(last.get('step'))} |",
-             f"| final loss | {_fmt(s.get('final_loss', last.get('loss')))} |",
+             f"| final loss | {_figure(s.get('final_loss', last.get('loss')))} |",
              f"| val loss | {val_loss_text(run)} |",
-             f"| samples/s (timed region{_attempt(s)}) | {_fmt(s.get('samples_per_s'))} |",
-             f"| tokens/s | {_fmt(s.get('tokens_per_s'))} |", f"| MFU | {_fmt(s.get('mfu'))} |",
-             f"| peak memory GiB | {_fmt(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
-             f"| data wait % (last window) | {_fmt(last.get('data_wait_pct'))} |",
+             f"| samples/s (timed region{_attempt(s)}) | {_figure(s.get('samples_per_s'))} |",
+             f"| tokens/s | {_figure(s.get('tokens_per_s'))} |", f"| MFU | {_figure(s.get('mfu'))} |",
+             f"| peak memory GiB | {_figure(s.get('peak_mem_gib', last.get('peak_mem_gib')))} |",
+             f"| data wait % (last window) | {_figure(last.get('data_wait_pct'))} |",
              *([f"| optimizer steps skipped (fp16) | {skipped} |"] if (skipped := skipped_text(run)) else []),
              f"| exposed communication share (profile) | {_fmt(run.exposed_comm_share)} |", "",
              *[f"- **{note}**" for note in notes], *([""] if notes else []),

@@ -188,8 +188,12 @@ def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
     c.set("parallel", "pp_microbatches", chunks)
     if chunks < stages or batch % chunks:
         shown = f"{asked}" if asked else f"0 (auto: {chunks}, one a stage)"
+        fits = next((n for n in range(stages, batch + 1) if batch % n == 0), None)
+        fix = (f"set parallel.pp_microbatches to a divisor of {batch} that is >= {stages} (e.g. {fits}) or 0 (auto), "
+               f"or data.batch_size to a multiple of {asked}" if asked and fits
+               else f"set data.batch_size to a multiple of {asked if asked >= stages else stages}")
         raise UserError(f"parallel.pp_microbatches = {shown}: needs >= {stages} (the stages) chunks that divide "
-                        f"data.batch_size = {batch} equally; set data.batch_size to a multiple of {stages}")
+                        f"data.batch_size = {batch} equally; {fix}")
 
 
 def _resolve_compile(c: _Changes, facts: Facts, on_gpu: bool) -> None:

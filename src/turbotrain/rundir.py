@@ -89,8 +89,9 @@ def fs_name_problem(text: str, max_bytes: int | None = None) -> str | None:
 
 # what a run writes into its directory (a fresh run sets an earlier run's aside, whole), and `turbotrain export`'s
 # default export/ of its weights: left beside a fresh run's final/, it would hand out the earlier run's model
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "alerts.jsonl", "alerts_undelivered.jsonl", "tb",
-             "checkpoints", "final", "metrics.csv", "wandb", "mlflow", "report.png", "report.md", "export")
+RUN_FILES = ("config.toml", "hf_config.json", "metrics.jsonl", "summary.json", "alerts.jsonl",
+             "alerts_undelivered.jsonl", "tb", "checkpoints", "final", "metrics.csv", "wandb", "mlflow", "report.png",
+             "report.md", "export")
 
 
 def open_run_file(path: Path, mode: str = "w"):

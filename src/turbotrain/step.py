@@ -24,6 +24,7 @@ from turbotrain.distributed.pipeline_parallel import PipelineRunner
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.losses import cross_entropy, mse
+from turbotrain.models.structure import own_loss
 from turbotrain.monitor.phases import phase
 from turbotrain.monitor.stragglers import ForwardTimer
 from turbotrain.pipeline import Trainee
@@ -53,7 +54,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     loss: str = "cross_entropy"
-    """"cross_entropy" | "mse" | "model" (forward(x, y) returns the loss) | "pkg.module:fn"."""
+    """"cross_entropy" | "mse" | "model" (forward(x, y) returns the loss: a tensor, or {"loss": ...} / .loss / (loss,
+    ...) as HF Trainer and Accelerate loops read it) | "pkg.module:fn"."""
     eval_every: int = 0
     """Steps between evaluations (0 = only at the end)."""
     log_every: int = 10
@@ -236,7 +238,7 @@ def _eval_sums(tr: Trainee, ds: Dataset, batches: list, net, loss_fn, metrics: d
                 if out is None:
                     continue
             else:
-                out = net(x, y) if loss_fn is None else net(x)
+                out = own_loss(net(x, y)) if loss_fn is None else net(x)
                 check_eval_value(out, "forward(inputs, targets)" if loss_fn is None else "the model", loss_fn is None)
                 loss = out if loss_fn is None else loss_fn(out, y)
                 check_eval_value(loss, "the loss", loss=True)

@@ -223,6 +223,7 @@ def _coupling(model: nn.Module, ds, loss_name: str) -> str | None:
     from torch.utils.data import default_collate
 
     from turbotrain.losses import resolve_loss
+    from turbotrain.models.structure import own_loss
 
     loss_fn = resolve_loss(loss_name)
     if len(ds) < 3:
@@ -242,7 +243,7 @@ def _coupling(model: nn.Module, ds, loss_name: str) -> str | None:
         return torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-5, equal_nan=True)
 
     if loss_fn is None:  # the model returns the loss of (x, y): a pair's must be the mean of its samples'
-        whole, parts = run(x, y), [run(x[i:i + 1], y[i:i + 1]) for i in (0, 1)]
+        whole, parts = own_loss(run(x, y)), [own_loss(run(x[i:i + 1], y[i:i + 1])) for i in (0, 1)]
         return None if close(whole, (parts[0] + parts[1]) / 2) else \
             "the model's own loss is not the mean of its samples' losses (a sum, or a batch statistic)"
     out, out2 = run(x), run(x2)

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from tests.faults.common import BASE_TOML, CrashAt, error_line, lit
 from tests.helpers import tiny_gpt
@@ -69,3 +70,52 @@ def test_on_a_gpu_the_deferred_log_row_names_nan_data_in_the_loss_alert(tmp_path
     alerts = [json.loads(ln) for ln in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
     bad = [a for a in alerts if a["rule"] == "loss_nonfinite"]
     assert bad and "clean the data" in bad[0]["message"] and "lower train.lr" not in bad[0]["message"], alerts
+
+
+def _own_loss_run(tmp_path, capsys, kind: str) -> tuple[int, list[float], str]:
+    out = tmp_path / kind
+    rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(out)}", 'model.name="userpkg.lead_s26:own_loss"',
+               f'model.args={{dim=8, kind="{kind}"}}', 'train.loss="model"', "train.steps=6", "train.eval_every=3"])
+    err = capsys.readouterr().err
+    rows = [json.loads(ln) for ln in (out / "fault" / "metrics.jsonl").read_text().splitlines()] if rc == 0 else []
+    return rc, [r["loss"] for r in rows if "loss" in r] + [r["val_loss"] for r in rows if "val_loss" in r], err
+
+
+def test_a_model_returning_its_loss_as_hf_loops_read_it_trains_as_one_returning_the_tensor(tmp_path, capsys):
+    """train.loss = "model" with a forward returning {"loss", "logits"}, an output object with .loss, or (loss,
+    logits), as code written for HF Trainer or Accelerate does: refused before ("returned a dict ... not a tensor")."""
+    rc, want, _ = _own_loss_run(tmp_path, capsys, "tensor")
+    assert rc == 0 and len(want) >= 7
+    for kind in ("dict", "output", "tuple"):
+        rc, got, err = _own_loss_run(tmp_path, capsys, kind)
+        assert rc == 0, err
+        assert got == want, kind  # the same losses, eval included
+    rc, _, err = _own_loss_run(tmp_path, capsys, "logits")  # no loss in it: still one line naming the output
+    assert rc == 2 and "not a tensor" in error_line(err), err
+
+
+def test_an_unfinished_run_of_an_hf_model_passed_in_code_exports_from_its_checkpoint(tmp_path):
+    """final/ carries the HF model's own config; an unfinished run has no final/, and its checkpoints were rebuilt
+    from config.toml's model.name (here hf:gpt2 at its default sizes): the export refused the weights."""
+    transformers = pytest.importorskip("transformers")
+    from userpkg.redteam_s26_hf import tiny_gpt2
+
+    import turbotrain
+    from turbotrain.export import export
+
+    model = tiny_gpt2()
+    cfg = turbotrain.load_config(str(BASE_TOML), [
+        f"run.out_dir={lit(tmp_path)}", "train.steps=6", "checkpoint.every=2", "checkpoint.final=false",
+        "data.eval_batches=0", "model.name='hf:gpt2'", "model.args={}", "data.name='userpkg.hf_s22:padded_rows'",
+        "data.args={}", "train.loss='model'"])
+    with pytest.raises(Exception, match="crash for the test"):
+        turbotrain.train(cfg, model=model, callbacks=[CrashAt(5)])
+    run = tmp_path / "fault"
+    assert (run / "hf_config.json").is_file() and not (run / "final").exists()
+    at_4 = torch.load(run / "checkpoints" / "step-00000004" / "state.pt", weights_only=True)["model"]
+    back = transformers.AutoModelForCausalLM.from_pretrained(export(run, "hf"))
+    assert type(back) is type(model)
+    got = back.state_dict()
+    saved = {k.removeprefix("hf."): v for k, v in at_4.items()}
+    assert set(saved) <= set(got) and len(saved) > 10, (sorted(saved)[:5], sorted(got)[:5])
+    assert all(torch.equal(got[k], v) for k, v in saved.items())

@@ -88,3 +88,20 @@ def test_pipeline_resolves_chunks_compile_scope_and_final_export(capsys):
 def test_what_the_pipeline_cannot_run_is_refused(overrides, facts, says):
     with pytest.raises(UserError, match=says):
         resolve(pipeline_cfg(*overrides), Facts(device=CPU, **facts))
+
+
+@pytest.mark.parametrize("asked, batch, fix", [
+    (3, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
+           "a multiple of 3"),
+    (4, 6, "set parallel.pp_microbatches to a divisor of 6 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
+           "a multiple of 4"),
+    (1, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
+           "a multiple of 1"),
+])
+def test_chunks_the_user_set_that_do_not_fit_are_told_a_value_that_does(asked, batch, fix):
+    """pp_microbatches = 3 with data.batch_size = 8 on 2 stages was told "set data.batch_size to a multiple of 2",
+    which 8 already is: following the advice changed nothing."""
+    with pytest.raises(UserError) as e:
+        resolve(pipeline_cfg(f"parallel.pp_microbatches={asked}", f"data.batch_size={batch}"),
+                Facts(device=CPU, world_size=2, block_params=(7,) * 12, pipeline_layout=True))
+    assert str(e.value).endswith(fix), str(e.value)

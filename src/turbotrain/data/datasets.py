@@ -155,6 +155,11 @@ def check_window_args(block_size: int, val_fraction: float, stride: int | None) 
     float_arg("data.args.val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     if stride is not None:
         int_arg("data.args.stride", stride, 1)
+        if stride > block_size:  # a window predicts tokens s+1..s+block_size: the next stride - block_size go unseen
+            say_once(f"warning: data.args.stride = {stride} > data.args.block_size = {block_size}: "
+                     f"{stride - block_size} of every {stride} tokens are never a target, so never trained on; "
+                     f"set stride <= block_size "
+                     f"(or leave it out: it defaults to block_size)")
 
 
 def split_windows(ids: np.ndarray, vocab_size: int, split: str, block_size: int, val_fraction: float,

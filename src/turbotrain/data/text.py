@@ -8,7 +8,8 @@
     block_size = 256        # tokens per sample
     val_fraction = 0.1      # the last 10 % of the tokens are the validation split
 
-The files are read in sorted path order (any case of the suffixes; hidden entries, .name, left out and said),
+The files are read in sorted path order (any case of the suffixes; hidden entries, .name, left out and said;
+a file reached again through a link read once),
 joined by a newline (char/byte) or encoded one by one (a tokenizer.json of the HF `tokenizers` library; no special
 tokens added, its truncation and padding off). The token ids are written once to
 a memory-mapped file in turbotrain's cache (`$TURBOTRAIN_CACHE/text/<key>/`, key = the files' paths, sizes
@@ -55,7 +56,7 @@ def source_files(path: str) -> list[Path]:
         files = [root]
     elif root.is_dir():
         found, hidden = _walk(root)
-        files = sorted(p for p in found if _kind(p) in SUFFIXES)
+        files = _once(sorted(p for p in found if _kind(p) in SUFFIXES), path)
         left = sorted(hidden + [p for p in found if _kind(p) not in SUFFIXES])
         if left and files:  # a .md, .csv or .txt.gz beside the text would be left out of training unseen
             say_once(f"data text: {len(left)} entries under {path} left out: hidden, or not {'/'.join(SUFFIXES)} "
@@ -73,6 +74,19 @@ def source_files(path: str) -> list[Path]:
         raise UserError(f"data.args.path = {path!r}: " + (f"{bad[0].name} is not {'/'.join(SUFFIXES)}" if bad else
                         f"no {', '.join(SUFFIXES)} files in the folder (hidden ones, .name, are left out)"))
     return files
+
+
+def _once(files: list[Path], path: str) -> list[Path]:
+    """Each file once, at its first path in sorted order: a link beside its target (latest.txt -> part3.txt)
+    would train on the text twice and, with the copies on either side of the val cut, validate on trained text."""
+    seen: dict[str, Path] = {}
+    for p in files:
+        seen.setdefault(os.path.realpath(p), p)
+    if len(seen) < len(files):
+        twice = next(p for p in files if seen[os.path.realpath(p)] is not p)
+        say_once(f"data text: {len(files) - len(seen)} file(s) under {path} are links to files already read, read "
+                 f"once (e.g. {twice.name} is {seen[os.path.realpath(twice)].name})")
+    return list(seen.values())
 
 
 def _kind(p: Path) -> str:
@@ -110,17 +124,9 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     # the decoding rules are part of the key: a cache tokenised under other rules is not this text's tokens
     key = hashlib.sha256(json.dumps([stamp, tok_sum, "utf-8 strict, no BOM"]).encode()).hexdigest()[:20]
     root = cache_root() / "text" / key
-    sums = checksums(root)
-    if sums.get("tokens.bin") and (root / "tokens.bin").is_file():
-        meta = json.loads((root / "meta.json").read_text())
-        dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
-        if dtype not in ("uint8", "int16", "int32") or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            say(f"warning: data text: {root / 'meta.json'} lacks a token dtype or vocab_size; tokenising again")
-        elif file_sha256(root / "tokens.bin") == sums["tokens.bin"]:
-            _say_unknown(meta.get("unknown", 0.0), tokens)
-            return np.memmap(root / "tokens.bin", dtype=dtype, mode="c"), vocab_size
-        else:
-            say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
+    cached = _cached(root, tokens)
+    if cached is not None:
+        return cached
     ids, vocab_size, vocab, unknown = _encode([_read(p) for p in files], tokens)
     if not len(ids):
         raise UserError(f"data.args.path: {', '.join(p.name for p in files[:3])} hold no text")
@@ -137,6 +143,34 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
     except OSError:
         say(f"data text: the cache {root} is not writable; tokenised in memory for this run")
         return ids, vocab_size
+
+
+def _cached(root: Path, tokens: str) -> tuple[np.ndarray, int] | None:
+    """The cached (ids, vocab size) when tokens.bin verifies and meta.json agrees with it, else None (tokenise again).
+    meta.json is not covered by the checksum: a damaged dtype reads the bytes as other ids, a damaged vocab_size
+    sizes the model's embedding short of the ids (or past them, unseen)."""
+    sums = checksums(root)
+    if not (sums.get("tokens.bin") and (root / "tokens.bin").is_file()):
+        return None
+    meta = json.loads((root / "meta.json").read_text())
+    dtype, vocab_size, n = meta.get("dtype"), meta.get("vocab_size"), meta.get("n_tokens")
+    if file_sha256(root / "tokens.bin") != sums["tokens.bin"]:
+        say(f"warning: data text: {root / 'tokens.bin'} does not match its recorded sha256; tokenising again")
+        return None
+    size = (root / "tokens.bin").stat().st_size
+    # n_tokens may be absent (older caches); when present it must be the file's count
+    sound = (dtype in ("uint8", "int16", "int32") and type(vocab_size) is int and vocab_size > 0
+             and _dtype(vocab_size) == np.dtype(dtype) and size > 0 and size % np.dtype(dtype).itemsize == 0
+             and (n is None or (type(n) is int and n * np.dtype(dtype).itemsize == size)))
+    ids = np.memmap(root / "tokens.bin", dtype=dtype, mode="c") if sound else None
+    vocab = meta.get("vocab")
+    if not sound or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or (tokens == "char" and (
+            not isinstance(vocab, list) or len(vocab) != vocab_size)):
+        say(f"warning: data text: {root / 'meta.json'} does not describe {root / 'tokens.bin'} (token dtype, count "
+            "or vocab_size); tokenising again")
+        return None
+    _say_unknown(meta.get("unknown", 0.0), tokens)
+    return ids, vocab_size
 
 
 def _read(p: Path) -> str:

@@ -184,7 +184,8 @@ def _config(model_type: str, args: dict):
         base = max((t for t in CONFIG_MAPPING_NAMES if model_type.startswith(f"{t}-")), key=len, default=None)
         hint = (f"; {model_type!r} looks like a checkpoint's name: 'hf:{base}' builds that architecture from "
                 f"model.args with random weights, and pretrained weights load from a folder saved with "
-                f"from_pretrained({model_type!r}).save_pretrained('dir'), as 'hf:./dir'" if base else "")
+                f"from_pretrained({model_type!r}).save_pretrained('dir'), as 'hf:./dir'" if base else
+                _type_hint(model_type, CONFIG_MAPPING_NAMES))
         raise UserError(f"model.name = 'hf:{model_type}': transformers {transformers.__version__} knows no model "
                         f"type {model_type!r}; use a type such as gpt2, llama, bert (AutoConfig model_type){hint}") \
             from None
@@ -209,6 +210,18 @@ def _config(model_type: str, args: dict):
             special[key] = None
     special.update(_head_args(model_type, args, default, special))
     return transformers.AutoConfig.for_model(model_type, **args, **special)
+
+
+def _type_hint(model_type: str, known) -> str:
+    """'; did you mean 'hf:gpt2'?' for a model type spelled otherwise (GPT2, gpt-2, Llama, gtp2), else ''."""
+    import difflib
+
+    def plain(t: str) -> str:
+        return t.lower().replace("-", "").replace("_", "")
+
+    same = [t for t in known if plain(t) == plain(model_type)]
+    close = same or difflib.get_close_matches(model_type.lower(), list(known), n=1, cutoff=0.75)
+    return f"; did you mean 'hf:{close[0]}'?" if close else ""
 
 
 def _head_args(model_type: str, args: dict, default, special: dict) -> dict:
@@ -241,8 +254,10 @@ def build_hf(name: str, args: dict) -> nn.Module:
                    f"AutoModelForCausalLM.from_pretrained({rest!r}).save_pretrained('dir'), then use 'hf:./dir'"
                    if hub else "save one with model.save_pretrained(dir) or `turbotrain export RUN --format hf`")
             raise UserError(f"model.name = {name!r}: {path} is not a saved HF model directory (no config.json); {why}")
+        _check_remote_code(name, path, args)
         cfg = _hf_call(name, "its config.json", transformers.AutoConfig.from_pretrained, path, **args)
         auto = _auto_class(transformers, head_of(cfg.model_type, args), cfg)
+        remote = {"trust_remote_code": True} if args.get("trust_remote_code") is True else {}
         if auto is transformers.AutoModelForCausalLM and getattr(cfg, "is_decoder", None) is False:
             cfg.is_decoder = True  # a saved bert (ForMaskedLM) as an LM: causal attention, as for hf:bert
         saved = getattr(cfg, "dtype", None)
@@ -251,10 +266,29 @@ def build_hf(name: str, args: dict) -> nn.Module:
                 f"and computed in precision.dtype")
         major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
         as_fp32 = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": torch.float32}  # renamed in 4.56
-        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg, **as_fp32))
+        return HFModel(_hf_call(name, "its weights", auto.from_pretrained, path, config=cfg, **as_fp32, **remote))
     cfg = _hf_call(name, "model.args", _config, model_type, args)
     auto = _auto_class(transformers, head_of(model_type, args), cfg)
     return HFModel(_hf_call(name, "model.args", auto.from_config, cfg))
+
+
+def _check_remote_code(name: str, path: Path, args: dict) -> None:
+    """A saved folder whose config.json maps the Auto classes to its own Python files (auto_map) runs that code
+    only on the user's word, model.args.trust_remote_code = true; transformers' own refusal says to save it again."""
+    import json
+
+    try:
+        auto_map = json.loads((path / "config.json").read_text(encoding="utf-8")).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return  # transformers says what is wrong with the file
+    flag = args.get("trust_remote_code")
+    if flag is not None and not isinstance(flag, bool):
+        raise UserError(f"model.args.trust_remote_code = {flag!r}: expected true or false")
+    if auto_map and flag is not True:
+        files = sorted({str(v).split(".")[0] + ".py" for v in auto_map.values() if isinstance(v, str)})
+        raise UserError(f"model.name = {name!r}: {path} holds its own modelling code ({', '.join(files)}, named by "
+                        f"config.json's auto_map), which runs only if you trust it: read it, then set "
+                        f"model.args.trust_remote_code = true")
 
 
 def estimate_params(name: str, args: dict) -> int | None:
@@ -286,6 +320,11 @@ def _hf_call(name: str, what: str, fn, *args, **kwargs):
 
 def _auto_class(transformers, head: str, cfg):
     arch = (getattr(cfg, "architectures", None) or [""])[0]
+    auto_map = getattr(cfg, "auto_map", None) or {}
+    if auto_map and head == "base":  # a model type of its own code: the head its auto_map offers
+        for auto in ("AutoModelForCausalLM", "AutoModelForSequenceClassification", "AutoModelForImageClassification"):
+            if auto in auto_map:
+                return getattr(transformers, auto)
     if arch.endswith("ForSequenceClassification"):  # a saved classifier keeps its head
         return transformers.AutoModelForSequenceClassification
     if arch.endswith("ForImageClassification"):

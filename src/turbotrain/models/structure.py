@@ -2,7 +2,8 @@
 checkpointing, per-block compile and FSDP2 sharding) and the model + loss pair that a step calls."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -23,8 +24,23 @@ class WithLoss(nn.Module):
         if self.fused_loss is not None:
             return self.fused_loss(self.model.hidden(x), self.model.head.weight, y)
         if self.loss_fn is None:
-            return self.model(x, y)
+            return own_loss(self.model(x, y))
         return self.loss_fn(self.model(x), y)
+
+
+def own_loss(out: Any) -> Any:
+    """The loss of forward(inputs, targets) under train.loss = "model": the tensor returned, or where a training
+    loop of HF Trainer or Accelerate reads it: out["loss"] of a dict (a ModelOutput is one), out.loss, or the first
+    of a tuple (transformers' return_dict=False order). Anything else is returned as it is, for the contract's
+    check to name."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping) and "loss" in out:
+        return out["loss"]
+    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    loss = getattr(out, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else out
 
 
 def supports_fused_loss(model: nn.Module) -> bool:
