@@ -189,9 +189,10 @@ def _resolve_pipeline(c: _Changes, facts: Facts) -> None:
     if chunks < stages or batch % chunks:
         shown = f"{asked}" if asked else f"0 (auto: {chunks}, one a stage)"
         fits = next((n for n in range(stages, batch + 1) if batch % n == 0), None)
-        fix = (f"set parallel.pp_microbatches to a divisor of {batch} that is >= {stages} (e.g. {fits}) or 0 (auto), "
-               f"or data.batch_size to a multiple of {asked}" if asked and fits
-               else f"set data.batch_size to a multiple of {asked if asked >= stages else stages}")
+        chunks_fix = f"set parallel.pp_microbatches to a divisor of {batch} that is >= {stages} (e.g. {fits})"
+        batch_fix = f"data.batch_size to a multiple of {max(asked, stages)}"
+        fix = (f"{chunks_fix}, or {batch_fix}" if fits and asked >= stages else f"{chunks_fix}" if fits
+               else f"set {batch_fix}")
         raise UserError(f"parallel.pp_microbatches = {shown}: needs >= {stages} (the stages) chunks that divide "
                         f"data.batch_size = {batch} equally; {fix}")
 

@@ -26,7 +26,7 @@ def test_a_leak_in_a_process_that_held_more_before_the_run_reads_as_growth(tmp_p
     assert rc == 0
     rows = [json.loads(ln) for ln in (tmp_path / "fault" / "metrics.jsonl").read_text().splitlines()]
     peaks = [r["peak_mem_gib"] for r in rows if "peak_mem_gib" in r]
-    assert peaks == sorted(peaks) and peaks[-1] - peaks[0] > 0.2, peaks  # 16 MiB a step
+    assert peaks == sorted(peaks) and peaks[-1] - peaks[0] > 0.5, peaks  # 40 MiB a step
     alerts = [json.loads(ln) for ln in (tmp_path / "fault" / "alerts.jsonl").read_text().splitlines()]
     assert [a["rule"] for a in alerts].count("memory_growth") == 1, alerts
     assert "alert memory_growth" in capsys.readouterr().out
@@ -119,3 +119,19 @@ def test_an_unfinished_run_of_an_hf_model_passed_in_code_exports_from_its_checkp
     saved = {k.removeprefix("hf."): v for k, v in at_4.items()}
     assert set(saved) <= set(got) and len(saved) > 10, (sorted(saved)[:5], sorted(got)[:5])
     assert all(torch.equal(got[k], v) for k, v in saved.items())
+
+
+def test_a_namedtuple_output_gives_its_loss_field_not_its_first():
+    from collections import namedtuple
+
+    from turbotrain.models.structure import own_loss
+
+    out = namedtuple("Out", "logits loss")(torch.ones(3), torch.tensor(2.0))
+    assert own_loss(out) is out.loss
+    assert own_loss((torch.tensor(1.0), torch.ones(3)))[()] == 1.0
+
+
+def test_data_args_split_is_told_to_go(tmp_path, capsys):
+    rc = main(["train", str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", 'data.args={n=64, dim=8, split="val"}'])
+    line = error_line(capsys.readouterr().err)
+    assert rc == 2 and "remove data.args.split" in line, line

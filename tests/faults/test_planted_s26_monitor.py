@@ -38,7 +38,7 @@ def test_a_prometheus_address_that_is_no_host_name_is_one_error_line(capsys, tmp
 
 
 def _hang(tmp_path: Path, *overrides: str) -> tuple[int, str, list[dict]]:
-    argv = train_argv(str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=20", "monitor.hang_timeout_s=1",
+    argv = train_argv(str(BASE_TOML), f"run.out_dir={lit(tmp_path)}", "train.steps=20", "monitor.hang_timeout_s=3",
                       *overrides)
     # to files: a left-behind worker would hold a pipe open (test_planted_s25b_monitor covers that it is not)
     out, err = tmp_path / "stdout", tmp_path / "stderr"

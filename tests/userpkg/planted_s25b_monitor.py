@@ -76,14 +76,15 @@ def nan_branch(dim: int = 8) -> nn.Module:
 
 
 class Leak:
-    """Keeps 16 MiB of fresh tensors every step (a list of losses kept as tensors, at scale): in a test process
-    that already holds a few GiB the growth still clears the 5 % bar."""
+    """Keeps 40 MiB of fresh tensors every step (a list of losses kept as tensors, at scale). Past glibc's largest
+    mmap threshold (32 MiB) each is fresh memory, so the RSS grows: a smaller block may be served from heap pages a
+    long-lived test process freed earlier and the RSS would not move."""
 
     def __init__(self):
         self.kept: list[torch.Tensor] = []
 
     def on_step_end(self, state):
-        self.kept.append(torch.ones(1 << 22))
+        self.kept.append(torch.ones(10 << 20))
 
 
 class SlowRank(Regression):

@@ -107,6 +107,9 @@ def _check_takes_split(factory: Any, name: str, args: dict) -> None:
         why = "takes no positional argument"
     elif first.kind is first.VAR_POSITIONAL:
         return
+    elif first.name == "split" and "split" in args:
+        raise UserError("data.args.split: turbotrain passes the split itself (\"train\", then \"val\") as the "
+                        "factory's first argument; remove data.args.split")
     elif first.name in args:
         why = f"has no split parameter: its first, {first.name!r}, is also set by data.args"
     elif first.default is not first.empty and first.default is not None and not isinstance(first.default, str):

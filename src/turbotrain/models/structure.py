@@ -37,10 +37,11 @@ def own_loss(out: Any) -> Any:
         return out
     if isinstance(out, Mapping) and "loss" in out:
         return out["loss"]
+    if isinstance(getattr(out, "loss", None), torch.Tensor):  # before a tuple's first: a namedtuple (logits, loss)
+        return out.loss
     if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
         return out[0]
-    loss = getattr(out, "loss", None)
-    return loss if isinstance(loss, torch.Tensor) else out
+    return out
 
 
 def supports_fused_loss(model: nn.Module) -> bool:

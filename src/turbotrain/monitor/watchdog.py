@@ -32,10 +32,12 @@ def thread_stacks() -> str:
     return "\n\n".join(parts)
 
 
-# where a stuck main thread waits, by the files of its frames: the loader (turbotrain's and torch's, a worker's
-# queue too) means the next batch never came; anything else (the model, the loss, backward, an optimizer, a
-# collective) is the step itself
-_DATA_FILES = ("/torch/utils/data/", "/turbotrain/data/")
+# where a stuck main thread waits, by the frames of its stack: torch's DataLoader (a worker's queue too) or
+# turbotrain's read of the dataset means the next batch never came; anything else (the model, the loss, backward,
+# an optimizer, a collective, and the loader's copy of a batch to the device, which blocks when the GPU's queue
+# is full behind a hung step) is the step itself
+_DATA_FILES = ("/torch/utils/data/",)
+_DATA_READS = (("/turbotrain/data/loader.py", "_read"),)
 
 
 def stuck_in() -> str:
@@ -44,8 +46,10 @@ def stuck_in() -> str:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
         return ""
-    files = [f.f_code.co_filename.replace("\\", "/") for f, _ in traceback.walk_stack(frame)]
-    return "data" if any(d in name for name in files for d in _DATA_FILES) else "step"
+    where = [(f.f_code.co_filename.replace("\\", "/"), f.f_code.co_name) for f, _ in traceback.walk_stack(frame)]
+    reading = any(d in name for name, _ in where for d in _DATA_FILES) or \
+        any(name.endswith(file) and fn == read for name, fn in where for file, read in _DATA_READS)
+    return "data" if reading else "step"
 
 
 def hang_cause(where: str) -> str:
