@@ -124,7 +124,7 @@ def finished(procs: list[subprocess.Popen], timeout: float = 120) -> tuple[list[
 # a BatchNorm model under DDP, then FSDP2, trained a step on each rank's own batch, then evaluated as
 # step.evaluate does (under DDP: the wrapped module itself, no DDP forward, so no collective in its forwards)
 EVAL_BN = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from torch import nn
     from turbotrain.distributed.ddp import apply_ddp, rank0_running_stats
     from turbotrain.distributed.fsdp import apply_fsdp
@@ -143,6 +143,8 @@ EVAL_BN = textwrap.dedent("""
             out = net(torch.ones(2, 4))
         print(strategy, round(out.sum().item(), 5), round(net[1].running_var.sum().item(), 5))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo threads outlive destroy_process_group once FSDP is imported: a teardown abort (-6) at exit
 """)
 
 
