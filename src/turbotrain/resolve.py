@@ -43,6 +43,7 @@ class Facts:
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
     convnet_targets: int = 0  # stem-like convs and max pools kernels.convnet would rewrite
+    qkv_attention: bool = False  # the model calls accel.packed_attention.qkv_attention (kernels.packed_attention)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -60,7 +61,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  cpus=cpus, fused_loss_ready=supports_fused_loss(model) and fused_loss_why is None,
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
-                 convnet_targets=convnet_targets(model, device))
+                 convnet_targets=convnet_targets(model, device),
+                 qkv_attention=any(getattr(m, "calls_qkv_attention", False) for m in model.modules()))
 
 
 class _Changes:
@@ -91,6 +93,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_optimizer(c, on_gpu)
     _resolve_fused_loss(c, facts)
     _resolve_convnet(c, facts)
+    _resolve_packed_attention(c, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -286,6 +289,35 @@ def _resolve_convnet(c: _Changes, facts: Facts) -> None:
         raise UserError("kernels.convnet = true rewrites stride-2 convs over <= 4 channels and (on a GPU with "
                         f"triton) nn.MaxPool2d layers; this model has none to rewrite on {facts.device.type}; set "
                         "kernels.convnet=\"auto\" or false")
+
+
+def _resolve_packed_attention(c: _Changes, facts: Facts) -> None:
+    """"auto": on a Hopper or newer GPU (where torch's SDPA picks cuDNN's kernel too) for a model that calls
+    qkv_attention, with cudnn-frontend importable and kernels.attention leaving cuDNN allowed; an explicit true
+    where it cannot run is an error."""
+    setting = c.cfg.kernels.packed_attention
+    if setting is False:
+        return
+    blocker = _packed_attention_blocker(c.cfg, facts)
+    if setting == "auto":
+        hopper = facts.device.type == "cuda" and torch.cuda.get_device_capability(facts.device)[0] >= 9
+        c.set("kernels", "packed_attention", blocker is None and hopper)
+    elif blocker:
+        raise UserError(f"kernels.packed_attention = true {blocker}; set kernels.packed_attention=false")
+
+
+def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
+    from turbotrain.models.packed_attention import frontend_problem
+
+    if facts.device.type != "cuda":
+        return f"runs cuDNN's attention kernel, which needs a CUDA GPU (this run is on {facts.device.type})"
+    if not facts.qkv_attention:
+        return ("applies to models that call turbotrain.models.packed_attention.qkv_attention (turbotrain's GPT "
+                "blocks do); this model makes no such call")
+    if cfg.kernels.attention in ("flash", "efficient", "math"):
+        return f"runs cuDNN's attention kernel, but kernels.attention = \"{cfg.kernels.attention}\" disables it"
+    problem = frontend_problem()
+    return f"needs {problem}" if problem else None
 
 
 def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:

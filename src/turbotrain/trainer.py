@@ -49,7 +49,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
             hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
             # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
             stop = StopRequest(saves=bool(run.cfg.checkpoint.every), ranks=run.env.world_size)
-            with attention_backend(run.cfg.kernels.attention, run.trainee.device):  # in force while compile traces
+            kernels = run.cfg.kernels  # the attention settings are in force while compile traces
+            with attention_backend(kernels.attention, run.trainee.device, kernels.packed_attention is True):
                 return _train(run, hooks, metrics, stop, t_start)
         except StopNow as e:  # the exit a scheduler reads (143: stopped by SIGTERM), from wherever it landed
             raise SystemExit(128 + e.signum) from None

@@ -46,6 +46,12 @@ class KernelsConfig:
     """LM head + cross-entropy as one op (Triton on GPU): no fp32 logits, gradients computed in the forward;
     needs model `hidden` and a bias-free `head`, cross-entropy, no FSDP2/HSDP/pipeline, the head not in FP8
     ("auto": on where all of that holds, else off)."""
+    packed_attention: bool | Literal["auto"] = "auto"
+    """Attention over a fused qkv projection with its gradient written in qkv's layout (cuDNN through
+    cudnn-frontend, `pip install 'turbotrain[cudnn]'`): no copy of the qkv gradient in backward. For models that
+    call `turbotrain.models.packed_attention.qkv_attention` (turbotrain's GPT blocks); bf16/fp16, no dropout
+    ("auto": on a Hopper or newer GPU where cudnn-frontend imports and kernels.attention leaves cuDNN allowed;
+    measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d
@@ -53,14 +59,16 @@ class KernelsConfig:
     GPU, for models with any of them; measured in docs/benchmarks.md)."""
 
 
-def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
+def attention_backend(setting: str, device: torch.device, packed: bool = False) -> contextlib.AbstractContextManager:
     """`with attention_backend("flash", device): train...` — the setting's backend and those after it in the
     chain cuDNN → flash → efficient → math enabled, the ones before it disabled ("auto" here, unmeasured, and
-    "default": torch's own choice)."""
+    "default": torch's own choice); with `packed`, qkv_attention calls run packed (kernels.packed_attention)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from turbotrain.models.packed_attention import packed_attention
+
     if setting in ("default", "auto"):
-        return contextlib.nullcontext()
+        return packed_attention(packed)
     if device.type != "cuda" and setting in ("cudnn", "efficient"):  # else the line below reads as if it ran
         say(f"warning: kernels.attention = \"{setting}\" names a CUDA kernel; on {device.type} SDPA has its flash "
             "and math kernels only, and runs those")
@@ -68,6 +76,7 @@ def attention_backend(setting: str, device: torch.device) -> contextlib.Abstract
     first = {"cudnn": 0, "flash": 1, "efficient": 2, "math": 3}[setting]
     enabled = chain[first:]
     stack = contextlib.ExitStack()
+    stack.enter_context(packed_attention(packed))
     try:
         stack.enter_context(sdpa_kernel(enabled, set_priority=True))
     except TypeError:  # torch < 2.6: no priority order; the enabled set alone still decides

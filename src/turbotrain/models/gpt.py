@@ -10,9 +10,12 @@ from torch import nn
 from turbotrain.contract import bool_arg, float_arg, int_arg
 from turbotrain.errors import UserError
 from turbotrain.models import init
+from turbotrain.models.packed_attention import qkv_attention
 
 
 class Block(nn.Module):
+    calls_qkv_attention = True  # kernels.packed_attention applies (models/packed_attention.py)
+
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
@@ -25,13 +28,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # p=0 still costs a kernel in training
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
-        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
+        y = qkv_attention(self.qkv(self.ln1(x)), self.n_head, self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(y))
         return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
 

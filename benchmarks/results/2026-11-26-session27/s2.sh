@@ -1,0 +1,20 @@
+# session 27 call 2 (one GPU): packed attention (exp27.py) — kernel times against torch's SDPA + cat, then through
+# the preset, A B A B
+python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+cd .gpu/final; export PYTHONPATH=src:benchmarks/baselines:..:/tmp/site TURBOTRAIN_CACHE=$PWD/.data PYTHONUNBUFFERED=1
+mkdir -p $OUT/r; R=$OUT/r
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt; cp COMMIT $R/commit.txt
+s=$(date +%s); t() { echo "   [$(( $(date +%s) - s )) s]"; }
+left() { echo $(( 580 - $(date +%s) + s )); }
+C="train.log_every=10 data.eval_batches=0 checkpoint.every=0 checkpoint.final=false run.out_dir='/tmp/g'"
+tt() { name=$1; shift 1; echo "== tt $name"; timeout $(left) "$@" $C run.name=$name compile.cache_dir=/tmp/cc_$name > $R/tt_$name.log 2>&1
+  grep -E "step 100/|compile:|rror|TRACE|idle by|exp27|fused_loss" $R/tt_$name.log | grep -v "compiling the model\|cold start" | tail -4; cp /tmp/g/$name/metrics.jsonl $R/tt_$name.jsonl
+  python -c "import json,statistics; v=[r['tokens_per_s'] for r in map(json.loads, open('$R/tt_$name.jsonl')) if r['step']>=30]; print('   median', round(statistics.median(v)), 'min', round(min(v)), 'max', round(max(v)))"; t; }
+echo "== micro"; timeout 120 python ../exp27.py micro 2>&1 | tee $R/micro.log | grep -E "micro|rror" ; t
+tt base python -m turbotrain train gpt2-124m train.steps=100
+EXP27=packed tt packed python ../exp27.py train gpt2-124m train.steps=100
+tt base2 python -m turbotrain train gpt2-124m train.steps=100
+EXP27=packed tt packed2 python ../exp27.py train gpt2-124m train.steps=100
+TRACE_OUT=/tmp/tr_p.json EXP27=packed tt trpacked python ../exp27.py train gpt2-124m train.steps=60 'train.callbacks=["trace_cb:Trace"]'
+python ../kern2.py /tmp/tr_p.json 15 > $R/kern_packed.txt; head -40 $R/kern_packed.txt
+cd $OUT && tar czf r.tgz r && rm -rf r
