@@ -43,7 +43,8 @@ class Facts:
     pipeline_layout: bool = False  # a built-in transformer that pipeline parallelism can split into stages
     on_meta: bool = False  # the model was built on the meta device (parallel.meta_init)
     convnet_targets: int = 0  # stem-like convs and max pools kernels.convnet would rewrite
-    qkv_attention: bool = False  # the model calls accel.packed_attention.qkv_attention (kernels.packed_attention)
+    qkv_attention: bool = False  # the model calls models.packed_attention.qkv_attention (kernels.packed_attention)
+    attention_dropout: float = 0.0  # the largest dropout of those calls (the packed op runs without)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -62,7 +63,9 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
                  convnet_targets=convnet_targets(model, device),
-                 qkv_attention=any(getattr(m, "calls_qkv_attention", False) for m in model.modules()))
+                 qkv_attention=any(getattr(m, "calls_qkv_attention", False) for m in model.modules()),
+                 attention_dropout=max((float(getattr(m, "dropout", 0.0)) for m in model.modules()
+                                        if getattr(m, "calls_qkv_attention", False)), default=0.0))
 
 
 class _Changes:
@@ -301,7 +304,8 @@ def _resolve_packed_attention(c: _Changes, facts: Facts) -> None:
     blocker = _packed_attention_blocker(c.cfg, facts)
     if setting == "auto":
         hopper = facts.device.type == "cuda" and torch.cuda.get_device_capability(facts.device)[0] >= 9
-        c.set("kernels", "packed_attention", blocker is None and hopper)
+        only_the_install = hopper and blocker is not None and blocker.startswith("needs cudnn-frontend")
+        c.set("kernels", "packed_attention", blocker is None and hopper, blocker if only_the_install else "")
     elif blocker:
         raise UserError(f"kernels.packed_attention = true {blocker}; set kernels.packed_attention=false")
 
@@ -316,6 +320,11 @@ def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
                 "blocks do); this model makes no such call")
     if cfg.kernels.attention in ("flash", "efficient", "math"):
         return f"runs cuDNN's attention kernel, but kernels.attention = \"{cfg.kernels.attention}\" disables it"
+    if cfg.precision.dtype in ("fp32", "tf32"):  # resolved by then: "auto" is bf16 or fp16 on a GPU
+        return f"runs in bf16 or fp16, but precision.dtype = \"{cfg.precision.dtype}\"; set precision.dtype=\"bf16\""
+    if facts.attention_dropout > 0:
+        return (f"runs attention without dropout, but the model's attention dropout is {facts.attention_dropout:g}"
+                " (model.args.dropout); set it to 0")
     problem = frontend_problem()
     return f"needs {problem}" if problem else None
 

@@ -55,3 +55,12 @@ def test_compiled_gpt_with_cuda_graphs_trains_the_same():
     base, packed = _losses(False), _losses(True)
     assert all(abs(a - b) <= 2e-3 * abs(a) for a, b in zip(base, packed)), (base, packed)
     assert packed[-1] < packed[0]
+
+
+def test_head_sizes_cudnn_lacks_run_sdpa():
+    """A head of 12 is outside head_dim_ok's range: with the setting on it runs torch's SDPA, the same values."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 64, 3 * 4 * 12, device="cuda", dtype=torch.bfloat16)
+    ref = pa.qkv_attention(qkv, 4)
+    with pa.packed_attention(True):
+        assert torch.equal(pa.qkv_attention(qkv, 4), ref)

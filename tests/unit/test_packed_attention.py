@@ -126,3 +126,31 @@ def test_explicit_true_on_a_cpu_is_one_error_line(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: kernels.packed_attention = true runs cuDNN's attention kernel"), err
     assert "Traceback" not in "\n".join(err)
+
+
+def test_dropout_in_the_model_blocks_it():
+    """The packed op has no dropout: a model whose attention drops out is told so (auto: off), never run without."""
+    m = gpt.build(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, dropout=0.1)
+    from turbotrain.resolve import facts_of
+
+    facts = facts_of(torch.device("cpu"), m, [], {})
+    assert facts.qkv_attention and facts.attention_dropout == pytest.approx(0.1)
+    cuda = Facts(device=torch.device("cuda"), qkv_attention=True, attention_dropout=0.1)
+    assert "attention dropout is 0.1 (model.args.dropout); set it to 0" in _packed_attention_blocker(Config(), cuda)
+
+
+def test_head_sizes_cudnn_takes():
+    assert [d for d in (4, 8, 24, 60, 64, 128, 136, 256) if pa.head_dim_ok(d)] == [8, 24, 64, 128]
+
+
+def test_precision_without_bf16_or_fp16_blocks_it():
+    cfg = Config()
+    fp32 = type(cfg)(**{**cfg.__dict__, "precision": type(cfg.precision)(dtype="fp32")})
+    cuda = Facts(device=torch.device("cuda"), qkv_attention=True)
+    assert 'precision.dtype = "fp32"; set precision.dtype="bf16"' in _packed_attention_blocker(fp32, cuda)
+
+
+@pytest.mark.parametrize("shape, n_head", [((2, 16, 95), 4), ((2, 16, 96), 5), ((16, 96), 4)])
+def test_misshapen_qkv_is_named(shape, n_head):
+    with pytest.raises(ValueError, match=r"qkv_attention takes qkv of shape \(B, T, 3C\)"):
+        pa.qkv_attention(torch.zeros(shape), n_head)

@@ -53,12 +53,21 @@ def packed_attention(enabled: bool):
 def qkv_attention(qkv: torch.Tensor, n_head: int, dropout_p: float = 0.0) -> torch.Tensor:
     """Causal self-attention of a fused projection: qkv (B, T, 3C) holding [q | k | v] → (B, T, C), heads of
     C / n_head. The same values as splitting qkv and calling `F.scaled_dot_product_attention(is_causal=True)`."""
+    if qkv.dim() != 3 or qkv.shape[-1] % 3 or (qkv.shape[-1] // 3) % n_head:
+        raise ValueError(f"qkv_attention takes qkv of shape (B, T, 3C) with C divisible by n_head = {n_head}; "
+                         f"got {tuple(qkv.shape)}")
     b, t, c3 = qkv.shape
-    if _STATE["on"] and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0:
+    if _STATE["on"] and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0 \
+            and head_dim_ok(c3 // 3 // n_head):
         return torch.ops.turbotrain.qkv_attention(qkv.contiguous(), n_head)[0]
     q, k, v = (z.transpose(1, 2) for z in qkv.view(b, t, 3, n_head, c3 // 3 // n_head).unbind(2))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(b, t, c3 // 3)
+
+
+def head_dim_ok(d: int) -> bool:
+    """Head sizes cuDNN's fused attention takes on every GPU it runs on (others run torch's SDPA)."""
+    return d % 8 == 0 and 8 <= d <= 128
 
 
 def _handle():
@@ -87,7 +96,15 @@ def _graph(kind: str, b: int, t: int, h: int, d: int, dtype: torch.dtype) -> tup
     workspace size; built once per shape."""
     key = (kind, b, t, h, d, dtype, torch.cuda.current_device())
     if key not in _GRAPHS:
-        _GRAPHS[key] = _build(kind, b, t, h, d, dtype)
+        try:
+            _GRAPHS[key] = _build(kind, b, t, h, d, dtype)
+        except Exception as e:  # cudnn-frontend's errors: no kernel for this shape, GPU or library version
+            from turbotrain.errors import UserError
+
+            raise UserError(f"kernels.packed_attention: cuDNN has no attention kernel here for batch {b}, {h} heads "
+                            f"of {d}, {t} tokens, {str(dtype).removeprefix('torch.')} ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}); set "
+                            "kernels.packed_attention=false") from e
     return _GRAPHS[key]
 
 
