@@ -29,7 +29,7 @@ from turbotrain.rundir import RunConfig
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
             "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
-            "kernels.fused_loss=false", "kernels.convnet=false"]
+            "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false"]
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
 MIN_STEPS = 2  # a fresh run's first step is warm-up (monitor/run_monitor.py's n_warm), so it times from the second
@@ -49,11 +49,14 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "act_ckpt": ['memory.activation_checkpointing="full"'],
         "fused_opt": ['train.optimizer_impl="fused"'],
         "fused_loss": ['kernels.fused_loss="auto"'],  # on where the model and config allow it
+        # the packed op runs in bf16/fp16 only: read this row against the bf16 one
+        "packed_attn": ["precision.dtype=bf16", 'kernels.packed_attention="auto"'],
         "convnet": ["kernels.convnet=true", 'memory.channels_last="auto"'],  # the pool kernels need NHWC
         # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
         "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
-                'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"', *AUTO_DATA],
+                'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"',
+                'kernels.packed_attention="auto"', *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
@@ -79,6 +82,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
+    out += ["packed_attn"] if any(getattr(m, "calls_qkv_attention", False) for m in model.modules()) else []
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]

@@ -56,3 +56,18 @@ def test_bench_offers_the_convnet_kernels_only_for_a_model_with_a_layer_they_rew
     assert "convnet" not in default_variants(load_config("mlp-seed"), on_gpu=True)
     # explicit on, with the NHWC layout the pool kernels need: "auto" would measure the baseline on a CPU
     assert variant_overrides("convnet", resnet) == ["kernels.convnet=true", 'memory.channels_last="auto"']
+
+
+def test_bench_baseline_has_packed_attention_off_and_a_bf16_row_with_it_for_gpt_blocks():
+    """Packed attention is "auto" (on for GPT blocks on Hopper): the baseline turns it off; its row runs in bf16 (the
+    op's only dtypes besides fp16), to be read against the bf16 row; models without qkv_attention calls get none."""
+    from tests.helpers import TINY_GPT
+    from turbotrain.bench import default_variants, variant_overrides
+    from turbotrain.config import load_config
+
+    assert "kernels.packed_attention=false" in BASELINE
+    gpt = load_config("gpt2-124m", TINY_GPT)
+    assert "packed_attn" in default_variants(gpt, on_gpu=True) and "packed_attn" not in default_variants(gpt, False)
+    assert variant_overrides("packed_attn", gpt) == ["precision.dtype=bf16", 'kernels.packed_attention="auto"']
+    assert 'kernels.packed_attention="auto"' in variant_overrides("all", gpt)
+    assert "packed_attn" not in default_variants(load_config("mlp-seed", ["compile.enabled=false"]), on_gpu=True)

@@ -284,3 +284,30 @@ def test_the_convnet_kernels_are_a_gpu_candidate_for_a_model_with_a_stem_and_nev
     assert not p.convnet and "kernels.convnet" not in _keys(cands)
     p, _, cands = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), ["kernels.convnet=false"])
     assert not p.convnet and "kernels.convnet" not in _keys(cands)
+
+
+@pytest.fixture
+def frontend(monkeypatch):
+    """cudnn-frontend importable (an empty stand-in: the resolver only imports it)."""
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+
+
+def test_packed_attention_is_a_lever_for_gpt_blocks_in_bf16_on_a_gpu(gpu, frontend):
+    """From a naive fp32 config the lever is there (its trial sets it; bf16 comes from the precision trial first);
+    never for an MLP, on a CPU, or without cudnn-frontend."""
+    p, ctx, cands = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), ["precision.dtype=bf16",
+                                                                       "kernels.packed_attention=false"])
+    assert p.packed_attention and [c.changes for c in cands["packed attention"]] == [{"kernels.packed_attention": True}]
+    p, ctx, cands = _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), ["precision.dtype=fp32",
+                                                                       "kernels.packed_attention=false"])
+    assert p.packed_attention and cands["packed attention"] == []  # fp32: not until a precision trial wins
+    ctx.best = {"precision.dtype": "bf16"}
+    assert [c.changes for c in dimensions(p)[[d.name for d in dimensions(p)].index("packed attention")].build(ctx)] \
+        == [{"kernels.packed_attention": True}]
+    assert not _space("mlp-seed", TINY_MLP, gpu((9, 0)))[0].packed_attention
+    assert not _space("gpt-shakespeare", TINY_GPT, CPU)[0].packed_attention
+
+
+def test_packed_attention_needs_the_frontend(gpu, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    assert not _space("gpt-shakespeare", TINY_GPT, gpu((9, 0)), ["precision.dtype=bf16"])[0].packed_attention
