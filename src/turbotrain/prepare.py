@@ -38,6 +38,7 @@ from turbotrain.errors import UserError
 from turbotrain.log import new_run, say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
+from turbotrain.models.packed_attention import packed_attention
 from turbotrain.models.structure import WithLoss, model_class_name
 from turbotrain.monitor.alerts import NonFiniteLoss
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
@@ -430,8 +431,9 @@ def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
     with the model on the device and before the first step compiles (the backend is fixed at trace time)."""
     if cfg.kernels.attention != "auto":
         return cfg
-    choice = measure_attention(tr.step_module, sample, cfg.data.batch_size, tr.device, tr.dtype,
-                               cache_folder(cfg.compile, tr.device))
+    with packed_attention(cfg.kernels.packed_attention is True):  # its calls are not SDPA's to measure
+        choice = measure_attention(tr.step_module, sample, cfg.data.batch_size, tr.device, tr.dtype,
+                                   cache_folder(cfg.compile, tr.device))
     return replace(cfg, kernels=replace(cfg.kernels, attention=choice))
 
 

@@ -63,6 +63,7 @@ from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
+from turbotrain.models.packed_attention import packed_attention
 from turbotrain.models.structure import WithLoss
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare, process_state_kept
@@ -708,7 +709,9 @@ def _run_profile(cfg: Config, active: int, warmup: int, wait: int) -> dict:
     _refuse_links(run_dir / "profile")
     try:  # the caller's RNG, TF32 and environment are theirs again after it, as after train()
         with process_state_kept(), attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
-            return _profile(prepare(cfg, probe=True), n_warm, wait, warmup, active, periods)
+            run = prepare(cfg, probe=True)
+            with packed_attention(run.cfg.kernels.packed_attention is True):  # resolved by prepare, as train holds it
+                return _profile(run, n_warm, wait, warmup, active, periods)
     finally:
         phases.enable(False)
         shutdown()

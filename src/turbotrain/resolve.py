@@ -64,8 +64,15 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
                  convnet_targets=convnet_targets(model, device),
                  qkv_attention=any(getattr(m, "calls_qkv_attention", False) for m in model.modules()),
-                 attention_dropout=max((float(getattr(m, "dropout", 0.0)) for m in model.modules()
+                 attention_dropout=max((_dropout_of(m) for m in model.modules()
                                         if getattr(m, "calls_qkv_attention", False)), default=0.0))
+
+
+def _dropout_of(module: nn.Module) -> float:
+    """A qkv_attention caller's `dropout`: a number, an nn.Dropout's p; anything else counts as some dropout."""
+    d = getattr(module, "dropout", 0.0)
+    d = d.p if isinstance(d, nn.Dropout) else d
+    return float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else 1.0
 
 
 class _Changes:
@@ -315,9 +322,12 @@ def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
 
     if facts.device.type != "cuda":
         return f"runs cuDNN's attention kernel, which needs a CUDA GPU (this run is on {facts.device.type})"
+    major, minor = torch.cuda.get_device_capability(facts.device)
+    if major < 8:
+        return f"runs cuDNN's fused attention, which needs an sm80+ GPU (this one is sm{major}{minor})"
     if not facts.qkv_attention:
-        return ("applies to models that call turbotrain.models.packed_attention.qkv_attention (turbotrain's GPT "
-                "blocks do); this model makes no such call")
+        return ("applies to modules that call turbotrain.models.packed_attention.qkv_attention and say so with a "
+                "class attribute `calls_qkv_attention = True` (turbotrain's GPT blocks do); this model has none")
     if cfg.kernels.attention in ("flash", "efficient", "math"):
         return f"runs cuDNN's attention kernel, but kernels.attention = \"{cfg.kernels.attention}\" disables it"
     if cfg.precision.dtype in ("fp32", "tf32"):  # resolved by then: "auto" is bf16 or fp16 on a GPU

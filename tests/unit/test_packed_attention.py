@@ -87,6 +87,12 @@ def test_fake_ops_give_shapes():
     assert dqkv.shape == qkv.shape and dqkv.dtype == qkv.dtype
 
 
+@pytest.fixture(autouse=True)
+def _hopper(monkeypatch):
+    """Facts of a CUDA device are read on this CPU machine as an sm90 GPU's."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+
+
 def _resolved(setting, device="cpu", qkv=True, attention="default"):
     cfg = Config()
     cfg = type(cfg)(**{**cfg.__dict__, "kernels": KernelsConfig(packed_attention=setting, attention=attention)})
@@ -104,7 +110,7 @@ def test_blockers_name_the_problem():
     cfg = Config()
     cuda = Facts(device=torch.device("cuda"), qkv_attention=True)
     assert "needs a CUDA GPU" in _packed_attention_blocker(cfg, Facts(device=torch.device("cpu"), qkv_attention=True))
-    assert "makes no such call" in _packed_attention_blocker(cfg, Facts(device=torch.device("cuda")))
+    assert "`calls_qkv_attention = True`" in _packed_attention_blocker(cfg, Facts(device=torch.device("cuda")))
     flash = type(cfg)(**{**cfg.__dict__, "kernels": KernelsConfig(attention="flash")})
     assert 'kernels.attention = "flash" disables it' in _packed_attention_blocker(flash, cuda)
     with pytest.raises(UserError, match=r"^kernels.packed_attention = true .*needs a CUDA GPU.*"
@@ -154,3 +160,31 @@ def test_precision_without_bf16_or_fp16_blocks_it():
 def test_misshapen_qkv_is_named(shape, n_head):
     with pytest.raises(ValueError, match=r"qkv_attention takes qkv of shape \(B, T, 3C\)"):
         pa.qkv_attention(torch.zeros(shape), n_head)
+
+
+def test_an_old_gpu_is_refused_before_any_step(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (7, 5))
+    cuda = Facts(device=torch.device("cuda"), qkv_attention=True)
+    assert "needs an sm80+ GPU (this one is sm75)" in _packed_attention_blocker(Config(), cuda)
+
+
+def test_a_dropout_module_or_an_odd_value_is_read_not_crashed_on():
+    from turbotrain.resolve import _dropout_of
+
+    class Attn(torch.nn.Module):
+        calls_qkv_attention = True
+
+        def __init__(self, dropout):
+            super().__init__()
+            self.dropout = dropout
+
+    assert _dropout_of(Attn(torch.nn.Dropout(0.25))) == 0.25
+    assert _dropout_of(Attn(0)) == 0.0 and _dropout_of(Attn(0.1)) == 0.1
+    assert _dropout_of(Attn("some")) == 1.0 and _dropout_of(Attn(True)) == 1.0  # unknown: counted as dropout
+    assert _dropout_of(torch.nn.Linear(2, 2)) == 0.0
+
+
+def test_selective_checkpointing_keeps_the_packed_op():
+    from turbotrain.accel.activation_ckpt import _SAVE_OPS
+
+    assert torch.ops.turbotrain.qkv_attention.default in _SAVE_OPS

@@ -48,8 +48,9 @@ class KernelsConfig:
     ("auto": on where all of that holds, else off)."""
     packed_attention: bool | Literal["auto"] = "auto"
     """Attention over a fused qkv projection with its gradient written in qkv's layout (cuDNN through
-    cudnn-frontend, `pip install 'turbotrain[cudnn]'`): no copy of the qkv gradient in backward. For models that
-    call `turbotrain.models.packed_attention.qkv_attention` (turbotrain's GPT blocks); bf16/fp16, no dropout
+    cudnn-frontend, `pip install 'turbotrain[cudnn]'`): no copy of the qkv gradient in backward. For modules that
+    call `turbotrain.models.packed_attention.qkv_attention` and set `calls_qkv_attention = True` (turbotrain's GPT
+    blocks); bf16/fp16, no dropout
     ("auto": on a Hopper or newer GPU where cudnn-frontend imports and kernels.attention leaves cuDNN allowed;
     measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"

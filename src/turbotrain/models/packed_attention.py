@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 
 _STATE = {"on": False}
 _HANDLES: dict[int, object] = {}
-_GRAPHS: dict[tuple, tuple] = {}
+_GRAPHS: OrderedDict[tuple, tuple] = OrderedDict()  # built graphs, most recent last
+MAX_GRAPHS = 64  # shapes kept (each a built cuDNN plan): a varying batch or sequence length builds more
 EXTRA_HINT = "pip install 'turbotrain[cudnn]' (nvidia-cudnn-frontend)"
 
 
@@ -95,7 +97,11 @@ def _graph(kind: str, b: int, t: int, h: int, d: int, dtype: torch.dtype) -> tup
     """A built cuDNN graph (forward: q, k, v → o, stats; backward: + o, do, stats → dq, dk, dv), its tensors and
     workspace size; built once per shape."""
     key = (kind, b, t, h, d, dtype, torch.cuda.current_device())
-    if key not in _GRAPHS:
+    if key in _GRAPHS:
+        _GRAPHS.move_to_end(key)
+    else:
+        while len(_GRAPHS) >= MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
         try:
             _GRAPHS[key] = _build(kind, b, t, h, d, dtype)
         except Exception as e:  # cudnn-frontend's errors: no kernel for this shape, GPU or library version
@@ -149,11 +155,12 @@ def _run(g, pack: dict, workspace: int, device: torch.device) -> None:
 def _forward(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, T, C), softmax statistics (B, H, T, 1) fp32) of causal attention over packed qkv."""
     b, t, c3 = qkv.shape
-    g, (q, k, v, o, stats), ws = _graph("fwd", b, t, n_head, c3 // 3 // n_head, qkv.dtype)
-    out = qkv.new_empty(b, t, c3 // 3)
-    st = torch.empty(b, n_head, t, 1, device=qkv.device, dtype=torch.float32)
-    qv, kv, vv = _qkv_views(qkv, n_head)
-    _run(g, {q: qv, k: kv, v: vv, o: _heads(out, n_head), stats: st}, ws, qkv.device)
+    with torch.cuda.device(qkv.device):  # the handle and plans are the tensor's GPU's, whichever is current
+        g, (q, k, v, o, stats), ws = _graph("fwd", b, t, n_head, c3 // 3 // n_head, qkv.dtype)
+        out = qkv.new_empty(b, t, c3 // 3)
+        st = torch.empty(b, n_head, t, 1, device=qkv.device, dtype=torch.float32)
+        qv, kv, vv = _qkv_views(qkv, n_head)
+        _run(g, {q: qv, k: kv, v: vv, o: _heads(out, n_head), stats: st}, ws, qkv.device)
     return out, st
 
 
@@ -168,13 +175,14 @@ def _backward_op(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, st: t
                  n_head: int) -> torch.Tensor:
     """d loss / d qkv, in qkv's own (B, T, 3C) layout."""
     b, t, c3 = qkv.shape
-    g, (q, k, v, o, do, stats, dq, dk, dv), ws = _graph("bwd", b, t, n_head, c3 // 3 // n_head, qkv.dtype)
-    dqkv = torch.empty_like(qkv)
-    qv, kv, vv = _qkv_views(qkv, n_head)
-    dqv, dkv, dvv = _qkv_views(dqkv, n_head)
-    pack = {q: qv, k: kv, v: vv, o: _heads(out, n_head), do: _heads(dout.contiguous(), n_head), stats: st,
-            dq: dqv, dk: dkv, dv: dvv}
-    _run(g, pack, ws, qkv.device)
+    with torch.cuda.device(qkv.device):
+        g, (q, k, v, o, do, stats, dq, dk, dv), ws = _graph("bwd", b, t, n_head, c3 // 3 // n_head, qkv.dtype)
+        dqkv = torch.empty_like(qkv)
+        qv, kv, vv = _qkv_views(qkv, n_head)
+        dqv, dkv, dvv = _qkv_views(dqkv, n_head)
+        pack = {q: qv, k: kv, v: vv, o: _heads(out, n_head), do: _heads(dout.contiguous(), n_head), stats: st,
+                dq: dqv, dk: dkv, dv: dvv}
+        _run(g, pack, ws, qkv.device)
     return dqkv
 
 
@@ -196,3 +204,4 @@ def _autograd(ctx, dout, dst):
 
 
 torch.library.register_autograd("turbotrain::qkv_attention", _autograd, setup_context=_setup_context)
+QKV_ATTENTION_OP = torch.ops.turbotrain.qkv_attention.default  # what selective checkpointing keeps
