@@ -12,7 +12,10 @@ pytestmark = pytest.mark.gpu
 
 
 def test_auto_measures_the_backends_and_the_run_uses_the_fastest(tmp_path, capsys):
-    cfg = tiny_gpt(tmp_path, "kernels.attention=auto", "precision.dtype=bf16", "run.device=cuda", "train.steps=2",
+    """Packed attention off: with it on (Hopper, cudnn-frontend) the GPT's attention makes no SDPA call to measure
+    (tests/integration/test_packed_attention_gpu.py)."""
+    cfg = tiny_gpt(tmp_path, "kernels.attention=auto", "kernels.packed_attention=false", "precision.dtype=bf16",
+                   "run.device=cuda", "train.steps=2",
                    f"compile.cache_dir={str(tmp_path / 'cache')!r}", "model.args.n_embd=128", "model.args.n_head=2")
     train(cfg)
     out = capsys.readouterr().out
@@ -23,7 +26,8 @@ def test_auto_measures_the_backends_and_the_run_uses_the_fastest(tmp_path, capsy
     assert effective == chosen
     (kept,) = (tmp_path / "cache").glob("*/attention-*.json")
     assert json.loads(kept.read_text())["choice"] == chosen
-    train(tiny_gpt(tmp_path, "kernels.attention=auto", "precision.dtype=bf16", "run.device=cuda", "train.steps=2",
+    train(tiny_gpt(tmp_path, "kernels.attention=auto", "kernels.packed_attention=false", "precision.dtype=bf16",
+                   "run.device=cuda", "train.steps=2",
                    f"compile.cache_dir={str(tmp_path / 'cache')!r}", "model.args.n_embd=128", "model.args.n_head=2",
                    "run.name=again"))
     assert f"→ {chosen} (measured earlier: {kept})" in capsys.readouterr().out
