@@ -1,14 +1,17 @@
-"""Experiments (not shipped), session 27: two exact rewrites of GPT-2's block, measured through the real preset.
+"""Experiments, session 27: three rewrites of GPT-2's block, measured through the real preset (calls 1-3).
 
-packed: attention as one op over the fused qkv projection's output. torch's SDPA backward returns dq, dk, dv as
-  three tensors and the split's backward concatenates them (a copy of the whole qkv gradient, 0.42 ms a step in
-  session 20's trace, plus the bias sum reading the three again). Here cuDNN's SDPA (through cudnn-frontend's graph
-  API) writes dq, dk, dv straight into one [B, T, 3C] buffer: the qkv linear's backward reads it as it is.
-aug: the bias of qkv, fc and out carried as a column of the weight, the input given a column of ones, so the
-  weight-gradient GEMM computes the bias gradient in its accumulator (no column-sum kernel re-reading the output
-  gradient). K grows from 768 to 776 (3072 to 3080): ~1 % more GEMM work on those layers.
+packed (shipped since as kernels.packed_attention, src/turbotrain/models/packed_attention.py): attention as one op
+  over the fused qkv projection's output. torch's SDPA backward returns dq, dk, dv as three tensors and the split's
+  backward concatenates them (a copy of the whole qkv gradient, 0.42 ms a step). Here cuDNN's SDPA (through
+  cudnn-frontend's graph API) writes dq, dk, dv straight into one [B, T, 3C] buffer. +1.8 to +2.2 %.
+aug (not shipped, -2 %): the bias of qkv, fc and out carried as a column of the weight, the input given a column of
+  ones, so the weight-gradient GEMM computes the bias gradient in its accumulator. K grows from 768 to 776 (3072 to
+  3080), and the ones column costs a copy of each GEMM input (inductor does not fuse the cat into its producer).
+gelu (not shipped, -4 %): a bias + GELU Triton op whose backward writes dh and the bias gradient's column partial sums
+  in one pass; its untuned kernel ran 0.22 ms a layer against inductor's 0.115 for the pair it replaces.
 
-install(name) patches turbotrain's GPT Block.forward; micro() checks and times packed against torch's SDPA."""
+install(name) patches turbotrain's GPT Block.forward ("packed", "aug", "gelu", combined with "+"); micro() checks
+and times the packed op against torch's SDPA and the GELU op against inductor's."""
 import math
 import os
 import statistics
