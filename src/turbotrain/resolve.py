@@ -310,19 +310,27 @@ def _resolve_packed_attention(c: _Changes, facts: Facts) -> None:
         return
     blocker = _packed_attention_blocker(c.cfg, facts)
     if setting == "auto":
-        hopper = facts.device.type == "cuda" and torch.cuda.get_device_capability(facts.device)[0] >= 9
+        hopper = (_capability(facts.device) or (0, 0))[0] >= 9
         only_the_install = hopper and blocker is not None and blocker.startswith("needs cudnn-frontend")
         c.set("kernels", "packed_attention", blocker is None and hopper, blocker if only_the_install else "")
     elif blocker:
         raise UserError(f"kernels.packed_attention = true {blocker}; set kernels.packed_attention=false")
 
 
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """A CUDA device's compute capability; None where this torch has no CUDA (facts of a GPU planned elsewhere)."""
+    try:
+        return torch.cuda.get_device_capability(device)
+    except (AssertionError, RuntimeError):  # "Torch not compiled with CUDA enabled", no driver
+        return None
+
+
 def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
     from turbotrain.models.packed_attention import frontend_problem
 
-    if facts.device.type != "cuda":
+    if facts.device.type != "cuda" or _capability(facts.device) is None:
         return f"runs cuDNN's attention kernel, which needs a CUDA GPU (this run is on {facts.device.type})"
-    major, minor = torch.cuda.get_device_capability(facts.device)
+    major, minor = _capability(facts.device)
     if major < 8:
         return f"runs cuDNN's fused attention, which needs an sm80+ GPU (this one is sm{major}{minor})"
     if not facts.qkv_attention:

@@ -69,7 +69,7 @@ def attention_backend(setting: str, device: torch.device, packed: bool = False) 
     from turbotrain.models.packed_attention import packed_attention
 
     if setting in ("default", "auto"):
-        return packed_attention(packed)
+        return packed_attention(True) if packed else contextlib.nullcontext()
     if device.type != "cuda" and setting in ("cudnn", "efficient"):  # else the line below reads as if it ran
         say(f"warning: kernels.attention = \"{setting}\" names a CUDA kernel; on {device.type} SDPA has its flash "
             "and math kernels only, and runs those")
@@ -77,7 +77,8 @@ def attention_backend(setting: str, device: torch.device, packed: bool = False) 
     first = {"cudnn": 0, "flash": 1, "efficient": 2, "math": 3}[setting]
     enabled = chain[first:]
     stack = contextlib.ExitStack()
-    stack.enter_context(packed_attention(packed))
+    if packed:
+        stack.enter_context(packed_attention(True))
     try:
         stack.enter_context(sdpa_kernel(enabled, set_priority=True))
     except TypeError:  # torch < 2.6: no priority order; the enabled set alone still decides
