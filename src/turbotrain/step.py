@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,6 +164,11 @@ class EvalFailed(UserError):
     """The user's val data, eval-mode model or eval metric failed in an evaluation: training itself is fine."""
 
 
+class EvalOutOfMemory(EvalFailed, MemoryError):
+    """Evaluation ran out of memory (device or host): one line with the fix, and still a MemoryError to a Python
+    caller that catches those."""
+
+
 _EVAL_MODE = "fix it there (training's checks ran it in train mode; evaluation runs model.eval() under no_grad)"
 
 
@@ -177,13 +183,31 @@ def _users(what: str, fix: str):
         raise
     except UserError as e:  # a check's verdict, already one line
         raise EvalFailed(str(e)) from e
-    except (torch.OutOfMemoryError, MemoryError):
-        raise
     except Exception as e:
+        if (oom := _out_of_memory(e)) is not None:  # training's steps fit: the trainer saves them first, as for
+            # any failure of evaluation; the frames of the failed forward (its activations) are let go for that save
+            raise EvalOutOfMemory(f"evaluation ran out of memory in {what} ({oom}); training's steps fit, "
+                                  f"evaluation's did not: lower data.batch_size and raise train.grad_accum (the same "
+                                  f"global batch), or turn evaluation off with data.eval_batches=0") \
+                from e.with_traceback(None)
         if is_compile_error(e):
             raise
         text = " ".join(str(e).split())[:200] or "(no message)"
         raise EvalFailed(f"evaluation: {what} failed: {type(e).__name__}: {text}{where(e)}; {fix}") from e
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """What ran out for an out-of-memory error (the device's, or the host's: Python's MemoryError, torch's host
+    allocator's RuntimeError), else None."""
+    text = " ".join(str(e).split())
+    if isinstance(e, torch.OutOfMemoryError):
+        return text[:160] or "device memory"
+    if isinstance(e, MemoryError):
+        return f"host memory: {text[:120]}" if text else "host memory"
+    if isinstance(e, RuntimeError) and "can't allocate memory" in text and "CPUAllocator" in text:
+        size = re.search(r"allocate (\d+) bytes", text)
+        return f"host memory: tried to allocate {int(size.group(1)) / 2**30:.1f} GiB" if size else "host memory"
+    return None
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ from turbotrain.log import Heartbeat, is_rank0, say
 from turbotrain.monitor.run_monitor import RunMonitor
 from turbotrain.prepare import Run, check_config, prepare, process_state_kept
 from turbotrain.rundir import strict_json, write_run_file
-from turbotrain.step import EvalFailed, evaluate, first_train_step, train_step
+from turbotrain.step import EvalFailed, UserError, evaluate, first_train_step, train_step  # errors.UserError, via step
 
 if TYPE_CHECKING:
     from turbotrain.losses import LossFn
@@ -66,7 +66,7 @@ def _train(run: Run, hooks: Hooks, metrics: dict, stop: StopRequest, t_start: fl
     monitor = RunMonitor(run.rundir.path, run.env, run.trainee.device, run.cost, steps=run.cfg.train.steps,
                          start_step=run.start_step, max_bad_steps=run.cfg.train.max_bad_steps,
                          straggler_ratio=run.cfg.parallel.straggler_ratio, cfg=run.cfg.monitor,
-                         scaler=run.trainee.scaler)
+                         scaler=run.trainee.scaler, read_step=run.batches.read_step)
     try:
         hooks.call("on_train_start", run.start_step)
         done = _loop(run, monitor, hooks, metrics, stop)
@@ -119,11 +119,12 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
     d, vote = run.cfg.data, LaggedVote(tr.device) if run.env.world_size > 1 else None
     defer = monitor.can_defer and not hooks.reads_rows()  # a callback's on_log sees the row at its own step
     tr.model.train()
+    loss = grad_norm = None  # the step before's: none yet in this process
     for step in range(run.start_step, t.steps):
         done = step + 1
         is_log = done % t.log_every == 0 or done == t.steps
         is_eval = (t.eval_every and done % t.eval_every == 0) or done == t.steps
-        micro = [next(run.batches) for _ in range(t.grad_accum)]  # fetch (prefetched asynchronously)
+        micro = _fetch(run, monitor, hooks, step, loss, grad_norm)  # fetch (prefetched asynchronously)
         lr = tr.opt.param_groups[0]["lr"]  # what this step uses (the step then advances the schedule)
         if step == run.start_step:  # compile happens here (a compiler error falls back to eager), shapes fail here
             with Heartbeat("compile: compiling the model in the first step") if tr.compiled else nullcontext(), \
@@ -170,6 +171,20 @@ def _loop(run: Run, monitor: RunMonitor, hooks: Hooks, metrics: dict, stop: Stop
     return done
 
 
+def _fetch(run: Run, monitor: RunMonitor, hooks: Hooks, step: int, loss, grad_norm) -> list:
+    """The micro-batches of `step`. The user's data failing to read them ends the run (one error line), but the
+    `step` steps trained before it are good: as for a failed evaluation, they are saved first (`loss`, `grad_norm`:
+    the step before's; None when no step trained yet in this process)."""
+    try:
+        return [next(run.batches) for _ in range(run.cfg.train.grad_accum)]
+    except UserError as e:
+        every = run.cfg.checkpoint.every
+        if loss is None or (every and step % every == 0):  # the checkpoint resumed from, or the one just saved
+            raise
+        _write_deferred(run, monitor, hooks)  # the last log step's row goes with its checkpoint
+        raise _saved_first(run, hooks, step, e, loss, grad_norm) from None
+
+
 def _write_deferred(run: Run, monitor: RunMonitor, hooks: Hooks) -> None:
     """The row of a log step whose values `monitor.snapshot` took without a sync, if one is pending."""
     if monitor.pending is None:
@@ -187,17 +202,19 @@ def _save(run: Run, hooks: Hooks, step: int, wait: bool = True) -> None:
         hooks.call("on_checkpoint", saved_step, path)
 
 
-def _saved_first(run: Run, hooks: Hooks, done: int, error: EvalFailed, loss, grad_norm) -> EvalFailed:
-    """The user's val data or eval-mode model failing ends the run, but the bug is not in the training: in one
-    process the steps trained since the last checkpoint are saved first (with several ranks the others may
-    wait in a collective, and a save would hang with them)."""
+def _saved_first(run: Run, hooks: Hooks, done: int, error: UserError, loss, grad_norm) -> UserError:
+    """The user's val data, eval-mode model or training data failing ends the run, but the bug is not in the
+    training: in one process the steps trained since the last checkpoint are saved first (with several ranks the
+    others may wait in a collective, and a save would hang with them)."""
     run.trainee.model.train()  # as training left it (the Python API's caller may go on with the model)
     if not run.cfg.checkpoint.every or run.env.world_size > 1 or not _finite(run, loss, grad_norm):
         return error
     _save(run, hooks, done)
     after = (f"a rerun resumes from step {done}" if done < run.cfg.train.steps else
              f"`turbotrain export {run.rundir.path} --format safetensors` writes the model from it")
-    return EvalFailed(f"{error} (the {done} steps trained are saved in checkpoints/step-{done:08d}: {after})")
+    # of the error's own class: an evaluation out of memory stays a MemoryError to a Python caller
+    kind = type(error) if isinstance(error, EvalFailed) else UserError
+    return kind(f"{error} (the {done} steps trained are saved in checkpoints/step-{done:08d}: {after})")
 
 
 def _finite(run: Run, loss, grad_norm) -> bool:

@@ -129,8 +129,9 @@ def outcome(rc: int, log: Path, summary: Path, wall_s: float) -> dict:
                                           "val_acc", "device_name", "global_batch")})
         out["window_spread"] = _window_spread(summary.parent / "metrics.jsonl")
         out["steady_spread"] = _window_spread(summary.parent / "metrics.jsonl", after_warm_up=True)
-        if s.get("compile_fell_back"):
-            return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)"}
+        if s.get("compile_fell_back"):  # the lever it names is one a candidate changes (eager may run)
+            return {**out, "status": "error", "reason": "compile failed and fell back to eager (see the trial log)",
+                    "levers": ["compile.enabled"]}
         return {**out, "status": "ok" if s.get("samples_per_s") else "error",
                 "reason": None if s.get("samples_per_s") else "no timed steps"}
     if rc == 124:
@@ -212,13 +213,17 @@ class Search:
         measures each dimension once), then the rest of each, rebuilt on top of the best so far."""
         if self.trials and self.trials[0]["status"] == "oom":  # nothing else can be measured before it fits
             dims = sorted(dims, key=lambda d: not d.makes_fit)
+        blamed = _blamed(self.trials[0]) if self.trials else set()
+        if blamed:  # the input config fails for a lever: what changes it comes first, the rest builds on it
+            dims = sorted(dims, key=lambda d: not any(set(c.changes) & blamed for c in d.build(self.ctx)))
         for first_only in (True, False):
             for dim in dims:
                 prev, limit = None, 1 if first_only and self.ctx.best_fits else None
                 for cand in dim.build(self.ctx)[:limit]:
                     done = self._tried(dim.name, cand)
                     t = done if done is not None else self.trial(dim.name, cand)
-                    rate = t.get("samples_per_s")
+                    # a failed run's figure (a compile that fell back, another math) orders nothing
+                    rate = t.get("samples_per_s") if t.get("status") in ("ok", "slower") else None
                     if dim.monotone and rate and prev and rate < prev:
                         break  # ordered candidates past their best: the rest cannot win
                     prev = rate or prev
@@ -226,9 +231,18 @@ class Search:
     def _tried(self, dimension: str, cand: Candidate) -> dict | None:
         """The trial that already ran or was pruned with this configuration, or with this candidate in the
         first pass (the budget only shrinks: what it left out once stays out)."""
-        key = _key({**self.ctx.best, **cand.changes})
+        config = {**self.ctx.best, **cand.changes}
+        if config and self.trials and self._is_input(config):  # the input config spelled out: its own trial t00
+            return self.trials[0]
+        key = _key(config)
         return next((t for t in self.trials if _key(t["config"]) == key
                      or (t["dimension"] == dimension and t["tried"] == cand.changes)), None)
+
+    def _is_input(self, config: dict) -> bool:
+        """Every key at the input config's effective value (as the winner's changes are told): measured again, it
+        is no rival of the input config but the same configuration, whose faster run is noise."""
+        input_value = Ctx(self.ctx.probe, self.ctx.eff).value
+        return all(input_value(k) == v for k, v in config.items())
 
     def trial(self, dimension: str, cand: Candidate) -> dict:
         config = {**self.ctx.best, **cand.changes}
@@ -254,9 +268,13 @@ class Search:
 
     def _base_failed(self, cand: Candidate) -> str | None:
         """A candidate changes speed levers only: where the input config itself fails (not out of memory, which
-        a smaller micro-batch may cure), every candidate fails the same way, each costing a trial's time."""
+        a smaller micro-batch may cure), every candidate built on it fails the same way, each costing a trial's
+        time. Except one that changes a lever the failure names (compile falling back: eager; an error line
+        naming a key), and any built on a configuration that ran: those no longer carry the failure."""
         base = self.trials[0] if cand.changes and self.trials else {}
-        return f"the input config fails ({base['id']}): fix it first" if base.get("status") == "error" else None
+        if base.get("status") != "error" or self.best is not None or set(cand.changes) & _blamed(base):
+            return None
+        return f"the input config fails ({base['id']}): fix it first"
 
     def _pruned(self, cand: Candidate) -> str | None:
         if cand.unless_slower and self.ctx.best_fits:
@@ -284,7 +302,7 @@ class Search:
     def _learn(self, t: dict, cand: Candidate) -> None:
         """Keep the trial if it beats the best so far; learn the memory per sample from it. A candidate whose
         run trained another global batch than the input config's changed the math: it is no result."""
-        ctx, rate, gb = self.ctx, t.get("samples_per_s"), self.trials[0].get("global_batch")
+        ctx, rate, gb = self.ctx, t.get("samples_per_s"), self._input_global_batch()
         if t["status"] == "ok" and cand.changes and gb and t.get("global_batch") not in (None, gb):
             t.update(status="error", reason=f"it changed the math: global batch {t['global_batch']}, the input "
                      f"config's {gb} (samples a step must stay the same)")
@@ -304,6 +322,13 @@ class Search:
             t["gain"] = rate / self.best["samples_per_s"]  # over the best before it: its measured effect
         self.best, ctx.best, ctx.best_fits = t, dict(t["config"]), True
         ctx.learn_memory(t.get("peak_mem_gib") if ctx.probe.on_gpu else None, micro, ckpt, oom=False)
+
+    def _input_global_batch(self) -> int | None:
+        """The samples a step of the input config: its own run's figure; where it failed before reporting one,
+        that of the first run that kept its micro-batch and accumulation (a candidate then builds on the input)."""
+        keep = {"data.batch_size", "train.grad_accum"}
+        return next((x["global_batch"] for i, x in enumerate(self.trials) if x.get("global_batch")
+                     and (i == 0 or not keep & set(x["config"]))), None)
 
     def lean(self) -> dict | None:
         """A trial record (not yet run) of the best so far rebuilt without its weakly measured changes, each a
@@ -330,6 +355,16 @@ class Search:
         return t
 
 
+def _blamed(base: dict) -> set[str]:
+    """The config keys a failed input config's failure is put down to: the lever its outcome names, and the
+    dotted keys its error line names (`error: data.num_workers = 8: ...`). Empty unless it failed (not OOM)."""
+    import re
+
+    if base.get("status") != "error":
+        return set()
+    return set(base.get("levers", ())) | set(re.findall(r"\b[a-z_]+\.[a-z_][a-z0-9_]*\b", base.get("reason") or ""))
+
+
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40]
 
@@ -353,7 +388,8 @@ def finalists(search: Search, repeats: int, budget: Budget, run: Runner, keep_s:
                                               "spread": t.get("steady_spread"), "trial": t})
     fins = search.finals = list(picked.values())
     lean = search.lean() if repeats and len(fins) > 1 else None
-    if lean is not None and _key(lean["config"]) not in picked and _run_lean(lean, budget, run, keep_s, search):
+    known = lean is not None and (_key(lean["config"]) in picked or search._is_input(lean["config"]))
+    if lean is not None and not known and _run_lean(lean, budget, run, keep_s, search):
         # its screening run is its round 0; it re-runs right after the fastest, whose rival it is
         at = next((i + 1 for i, f in enumerate(fins) if f["config"]), len(fins))
         fins.insert(at, {"id": lean["id"], "label": lean["label"], "config": lean["config"], "trial": lean,
@@ -461,7 +497,9 @@ def converge_check(winner: dict, base: dict | None, fins: list[dict], steps: int
     parity rule; if parity is missed, the fastest finalist that keeps the input's precision wins instead."""
     from turbotrain.bench import _judge, _row
 
-    if base is None or winner is base:
+    if base is None:  # the input config failed or was never re-run: no loss of its own to compare with
+        return winner, {"checked": False, "why": "the input config has no finished run to compare the loss with"}
+    if winner is base:
         return winner, {"checked": False, "why": "the winner is the input config"}
     rows = []
     for name, f in (("baseline", base), ("winner", winner)):
@@ -630,7 +668,8 @@ class Tuning:
         search, probe = self.search, self.probe
         base_rate = base["median_samples_per_s"] if base else None
         t00 = search.trials[0] if search.trials else {}
-        screen = t00.get("samples_per_s")
+        # a failed input config's figure (a compile that fell back: eager's speed) is no speed of the input config
+        screen = t00.get("samples_per_s") if t00.get("status") == "ok" else None
         for t in search.trials:
             t.pop("speedup", None)
             if t.get("samples_per_s") and screen:

@@ -153,14 +153,23 @@ def tuned_toml(result: dict) -> str:
     if not changes:
         head = f"{unchanged(result)}: it is kept unchanged"
     else:
-        speed = (f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup")
-                 else "the input config did not run")
+        speed = (f"{w['speedup']:.2f}x the input config's samples/s" if w.get("speedup") else _no_base(result))
         head = f"{speed} (median of the finalists' runs, {w['samples_per_s']:,.1f} samples/s)"
     lines = [f"# turbotrain tune, {time.strftime('%Y-%m-%d %H:%M')}, {result['device']}, torch {result['torch']}:",
              f"# {head}.", "# Only the changed keys; each comment is the measured effect of the trial that chose it.",
              f"extends = {_toml_value(_extends(result['config']))}", ""]
     _tables(lines, "", raw, comments)
     return "\n".join(lines) + "\n"
+
+
+def _no_base(result: dict) -> str:
+    """Why the winner has no speed-up: the input config has no median to compare with (it failed, or ran only
+    once, or did not run), said with how it ended."""
+    base = result.get("baseline") or {}
+    if base.get("status") in ("error", "oom", "timeout"):
+        return (f"the input config failed ({base['status']}: {' '.join(str(base.get('reason')).split())[:160]}), "
+                "this configuration ran: no speed-up is measured")
+    return "the input config did not run"
 
 
 def _tables(lines: list[str], prefix: str, table: dict, comments: dict[str, str]) -> None:

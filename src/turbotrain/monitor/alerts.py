@@ -54,17 +54,21 @@ class Alerts:
         self.held: dict[str, int] = {}  # repeats not sent since the last alert of the rule
         self.counts: dict[str, int] = {}  # every firing, sent or held
 
-    def check_loss(self, loss: float, step: int, bad_streak: float, final: bool, nan_data: str | None = None) -> None:
+    def check_loss(self, loss: float, step: int, bad_streak: float, final: bool, nan_data: str | None = None,
+                   nan_at: int | None = None) -> None:
         """Raise NonFiniteLoss when the loss stays non-finite; run the loss rules on a finite one.
         `bad_streak`: the non-finite steps in a row up to this one, counted on the device every step (the
         loss is only read at log steps), averaged over ranks so that every rank decides alike. `nan_data`: the
-        part of this step's batch that holds NaN/inf ("inputs", "targets"), None when it is clean or not known."""
+        part of the batch that holds NaN/inf ("inputs", "targets"), None when it is clean or not known; `nan_at`:
+        the step that batch was read at (None: this one)."""
         if not math.isfinite(loss):
             streak = max(1, math.ceil(bad_streak))
             # the step it went non-finite at: what broke it (a batch, an LR step) was there, not at this log step
             since = f" (since step {step - streak + 1})" if streak > 1 else ""
+            which = ("this step's batch" if nan_at in (None, step) else
+                     f"the batch of step {nan_at} (where it went non-finite, carried on by NaN weights)")
             msg = f"loss is {loss} (NaN/inf) at step {step}, non-finite for {streak} step(s){since}; " + (
-                f"this step's batch holds NaN/inf in its {nan_data}: the data gives non-finite values; clean the data "
+                f"{which} holds NaN/inf in its {nan_data}: the data gives non-finite values; clean the data "
                 "(or drop such samples in the dataset)" if nan_data else
                 "lower train.lr, keep train.grad_clip on, or use precision.dtype=bf16" if self.grad_bad_at is None else
                 f"the gradient norm went NaN/inf first, at step {self.grad_bad_at}, while the loss was finite: an op "
@@ -78,7 +82,7 @@ class Alerts:
             self.emit(Fired("loss_nonfinite", streak, self.max_bad,
                             f"{msg} (the run stops at {self.max_bad} in a row: train.max_bad_steps)"), step)
             return
-        fired = self.loss_rules.check(loss)
+        fired = self.loss_rules.check(loss, step)
         self.loss_spiked = any(f.rule == "loss_spike" for f in fired)
         for f in fired:
             self.emit(f, step)
@@ -130,7 +134,9 @@ class Alerts:
             loss, norm = _finite_or_none(row.get("loss")), _finite_or_none(row.get("grad_norm"))
             if loss is None:
                 continue
-            spiked = any(f.rule == "loss_spike" for f in self.loss_rules.check(loss))
+            step = row.get("step")
+            step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            spiked = any(f.rule == "loss_spike" for f in self.loss_rules.check(loss, step))
             if grads and norm is not None:
                 self.grad_rules.check(norm, loss, spiked)
 

@@ -28,6 +28,9 @@ THROUGHPUT_DIP_MAX = 8  # throughput_drop: a dip of at most this many slow windo
 DIVERGING_SCALES = (1, 2, 4, 8)  # loss_diverging: the trend windows, in multiples of loss_diverging_window
 DIVERGING_BLOWUP = 100.0  # loss_diverging: 2 log steps in a row this many times the run's first loss: a blow-up
 DIVERGING_T = 8.0  # loss_diverging: the least t-statistic of the shortest window's trend (linear or log scale)
+DIVERGING_FLOOR = 0.1  # loss_diverging: a trend rises by loss_diverging_rise x at least this fraction of the run's
+# first loss too: a loss brought down 100x+ bounces up several-fold at its LR's peak (momentum overshoot) and
+# comes back down; a rise relative to its own tiny level says nothing of the run
 SPIKE_POSITIVE_STEPS = 50  # loss_spike: log steps since the last loss <= 0 (the running average forgets it by then)
 SPIKE_SIGMAS = 5.0  # loss_spike: the least distance above the running average, in the loss's own noise
 SPIKE_NOISE_STEPS = 5  # loss_spike: log steps of the loss's noise known before it sets the threshold alone; until
@@ -45,6 +48,7 @@ PLATEAU_AGE = 0.2  # ... and this fraction of the run's age (in log steps)
 PLATEAU_NOISE = 1.0  # ... and this x (sigma / delta)^2 log steps: the loss's noise averaged out to delta
 PLATEAU_JUMP = 5.0  # loss_plateau: an average this many deltas, and this many times the noise of a 10-log-step
 # average of the loss (sigma / sqrt(19)), above the last progress: a new phase
+PLATEAU_UNTRAINED = 0.1  # loss_plateau: an average that never fell this fraction below step 1's loss: untrained
 MEM_GROWTH_WINDOW = 10  # log steps: a leak raises the peak at nearly every one, a healthy run's peak settles
 
 
@@ -60,7 +64,8 @@ class MonitorConfig:
     webhook_timeout_s: float = 5.0
     """Seconds one webhook POST may take before it counts as failed."""
     webhook_retries: int = 3
-    """Tries per alert (with a short backoff) before it is recorded as undelivered in alerts_undelivered.jsonl."""
+    """Tries per alert, 1 to 100 (with a short backoff), before it is recorded as undelivered in
+    alerts_undelivered.jsonl."""
     prometheus_port: int = 0
     """Serve /metrics on this port (0 = off); needs the [monitor] extra (prometheus-client)."""
     prometheus_addr: str = "0.0.0.0"
@@ -128,6 +133,8 @@ class MonitorConfig:
         for key in ("webhook_retries", "data_wait_steps", "gpu_util_low_steps"):
             if getattr(self, key) < 1:
                 raise UserError(f"monitor.{key} = {getattr(self, key)}: must be >= 1")
+        if self.webhook_retries > 100:  # each try waits out its timeout: more would hold one alert for the whole run
+            raise UserError(f"monitor.webhook_retries = {self.webhook_retries}: at most 100 tries an alert")
         if self.webhook_timeout_s <= 0:
             raise UserError(f"monitor.webhook_timeout_s = {self.webhook_timeout_s}: must be > 0")
         if self.loss_diverging_window in (1, 2):
@@ -198,18 +205,23 @@ class LossRules:
         self.gap = 0  # the longest stretch of log steps between two improvements so far: the run's own pace
         self.slow: float | None = None  # the plateau rule's average of the loss ...
         self.span = 10.0  # ... over about this many log steps
+        self.lowest = math.inf  # the lowest that average has been in the run (a new phase does not reset it)
         self.climb = False  # the average rises in a new phase (PLATEAU_JUMP): the reference follows it up
         # after a plateau alert, the average must fall below this to end that plateau: an improvement of
         # 3 x delta, not a dip of the noise (one plateau, one alert)
         self.rearm: float | None = None
         self.first: float | None = None  # the run's first loss: the untrained model's, the highest a run should see
+        self.first_at = 0  # the step of that first loss (1: the untrained model's; later, with train.log_every > 1)
         self.blown = Streak(2)  # log steps in a row far above `first`
         self.nonpositive_at = -SPIKE_POSITIVE_STEPS  # the log-step count at the last loss <= 0
 
-    def check(self, loss: float) -> list[Fired]:
+    def check(self, loss: float, step: int | None = None) -> list[Fired]:
+        """`step`: the log step's (None: not known, taken for the n-th)."""
         if not math.isfinite(loss):
             return []
         self.n += 1
+        if self.first is None:
+            self.first, self.first_at = loss, step if step is not None else self.n
         if loss <= 0:
             self.nonpositive_at = self.n
         spike = self._spike(loss)
@@ -266,7 +278,6 @@ class LossRules:
         spike rule, from the 3rd log step) would take that new level for the run's own. Later a jump that high is
         a loss_spike against the running average. Not for a loss that has crossed zero (a ratio to a
         first loss near 0 means nothing), nor for a spike (a batch or two of bad labels: loss_spike says it)."""
-        self.first = self.first if self.first is not None else loss
         positive = self.nonpositive_at < 1  # no loss <= 0 yet
         if not self.blown.update(positive and not spiked and self.first > 0 and loss > DIVERGING_BLOWUP * self.first):
             return None
@@ -290,8 +301,9 @@ class LossRules:
             # it also ranks in order by chance now and then, so there the rise must also be a clean trend (its
             # slope DIVERGING_T standard errors of the scatter around it); a real blow-up shows in the longer ones
             noisy = scale == 1 and _slope_t(ys) < DIVERGING_T
-            if (rise > self.cfg.loss_diverging_rise and (ups >= 0.7 or scale > 1) and ys[-1] > ys[0] and not noisy
-                    and _rank_corr(ys) >= DIVERGING_RHO):
+            floor = DIVERGING_FLOOR * abs(self.first or 0.0) * self.cfg.loss_diverging_rise
+            if (rise > self.cfg.loss_diverging_rise and end - start > floor and (ups >= 0.7 or scale > 1)
+                    and ys[-1] > ys[0] and not noisy and _rank_corr(ys) >= DIVERGING_RHO):
                 return Fired("loss_diverging", rise, self.cfg.loss_diverging_rise,
                              f"loss rose from {ys[0]:.4g} to {ys[-1]:.4g} over the last {len(ys)} log steps "
                              f"(trend +{rise:.0%}); lower train.lr or raise train.warmup_steps")
@@ -312,6 +324,7 @@ class LossRules:
         self.span = max(10.0, min(pace, 2 * (self._sigma() / max(delta, 1e-6)) ** 2))
         a = max(1 / self.n, 1 / self.span)
         self.slow = avg = loss if self.slow is None else (1 - a) * self.slow + a * loss
+        self.lowest = min(self.lowest, avg)
         # progress is measured from the average at the last progress (`ref`), not from the lowest since: a loss
         # falling 0.2% a log step would lower that by less than delta every time, and be called a plateau
         # an average far above the reference, beyond its noise, is a new phase (harder data, unfrozen layers, an
@@ -347,8 +360,20 @@ class LossRules:
         self.rearm = self.ref - 3 * delta * abs(self.ref)
         slowest = f"; it improved within {self.gap} log steps at its slowest before" if self.gap else ""
         return Fired("loss_plateau", stalled, window, f"no improvement of the loss by {delta:.1%} in {stalled} log "
-                     f"steps (best running average {self.best:.4g}{slowest}): converged (stop, or save the compute), "
-                     "or the LR is too high or too low to go on; tune train.lr / train.schedule")
+                     f"steps (best running average {self.best:.4g}{slowest}): {self._plateau_cause()}")
+
+    def _plateau_cause(self) -> str:
+        """What a plateau says: a loss that never came down from the run's first one, the untrained model's (by
+        PLATEAU_UNTRAINED) has not converged, nothing trained (an LR far too low, frozen weights); any other
+        plateau is convergence or an LR that no longer fits. A first loss logged after step 1 (train.log_every > 1)
+        may be a trained model's already: no verdict from it."""
+        first = self.first
+        if first is not None and first > 0 and self.first_at == 1 and self.lowest > (1 - PLATEAU_UNTRAINED) * first:
+            return (f"the loss never came down from its first value {first:.4g}, so the model is not learning: the LR "
+                    "is far too low (raise train.lr, check train.warmup_steps / train.schedule) or its weights are "
+                    "frozen (requires_grad off, a detached loss)")
+        return ("converged (stop, or save the compute), or the LR is too high or too low to go on; tune train.lr / "
+                "train.schedule")
 
 
 def _fit_ends(ys: list[float]) -> tuple[float, float]:

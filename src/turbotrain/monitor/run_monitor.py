@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -56,8 +57,11 @@ ROW_NAMES = frozenset({
 class RunMonitor:
     def __init__(self, run_dir: Path, env: DistEnv, device: torch.device, cost: StepCost, *, steps: int,
                  start_step: int, max_bad_steps: int, straggler_ratio: float, cfg: MonitorConfig | None = None,
-                 scaler: torch.amp.GradScaler | None = None):
+                 scaler: torch.amp.GradScaler | None = None, read_step: Callable[[int], list] | None = None):
+        """`read_step`: the micro-batches of a (0-based) step read again (the loader's `read_step`), so that a
+        loss gone non-finite between log steps is traced to the batch of the step it went non-finite at."""
         self.env, self.device, self.cost, self.steps = env, device, cost, steps
+        self.read_step = read_step
         self.skips = SkipCounter(scaler, device) if scaler is not None and scaler.is_enabled() else None
         self.scaled = self.skips is not None  # fp16: inf gradients are skipped steps, not a fault
         self.cfg = cfg = cfg or MonitorConfig()
@@ -161,9 +165,9 @@ class RunMonitor:
         row.update(self._gpu_row())
         if not checks:  # a row written as the run fails for another reason (close)
             return row
+        nan_data, nan_at = (None, None) if math.isfinite(loss_v) else self._nan_data(batch, done, streak)
         try:
-            self.alerts.check_loss(loss_v, done, streak, final=done == self.steps,
-                                   nan_data=None if math.isfinite(loss_v) else _nonfinite_part(batch))
+            self.alerts.check_loss(loss_v, done, streak, final=done == self.steps, nan_data=nan_data, nan_at=nan_at)
         except NonFiniteLoss:  # the run ends here: its last row, with the NaN that ended it, is kept
             self.write(row, wait_s, overlapped)
             raise
@@ -171,6 +175,21 @@ class RunMonitor:
             self.alerts.check_grad(grad_v, done, loss_v)
         self.alerts.check_row(row, done, warm)
         return row
+
+    def _nan_data(self, batch: object, done: int, streak: float) -> tuple[str | None, int | None]:
+        """(part, step): the part of a batch holding NaN/inf and the step it was read at: this log step's, else
+        (train.log_every > 1) the batch of the step the loss went non-finite at, read again, whose NaN weights
+        carried the loss on to here; (None, None) when both are clean or cannot be read."""
+        if part := _nonfinite_part(batch):
+            return part, done
+        first = done - max(1, math.ceil(streak)) + 1
+        if first == done or self.read_step is None:
+            return None, None
+        try:
+            part = _nonfinite_part(self.read_step(first - 1))
+        except Exception:  # noqa: BLE001 - no verdict on the data (a source that cannot be read again)
+            return None, None
+        return (part, first) if part else (None, None)
 
     def _sync_probe(self) -> dict:
         """Distributed synchronisation latency: one small all-reduce right after the row's own (which lined the
