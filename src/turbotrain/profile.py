@@ -21,6 +21,9 @@ verdict names it. Host reads of tensor values inside forward/backward (.item(), 
 removal first. Every
 verdict but compute-bound comes with at least one fix; where no config key is left, the fix is a change to
 the user's code or machine. Float64 ops in forward/backward (no precision.dtype reaches them) are advised against.
+Where data wait is a stall, one step's batches are read again in this process, the items apart from their collation:
+the larger part is the one advised against, and a data wait several times that whole read is the loader workers'
+hand-over (data.num_workers=0), not the dataset.
 
 The training loop's work outside the step is measured too: train.callbacks' on_step_end runs in each step as in
 training (host overhead), and one evaluation, one checkpoint save and one call of the callbacks' on_log are timed
@@ -58,6 +61,7 @@ from turbotrain.bench import Interrupted, interrupts
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.config import Config
 from turbotrain.data.datasets import TensorDataset
+from turbotrain.data.loader import Micro
 from turbotrain.distributed.env import shutdown
 from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.errors import UserError
@@ -361,9 +365,22 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _data_advice(run: Run, data: float) -> list[dict]:
+HANDOFF = 3  # a data wait this many times a batch's read in this process is the workers' hand-over, not the read
+
+
+def _data_advice(run: Run, data: float, split: dict | None = None) -> list[dict]:
+    """`split`: loader_split's measure of one step's batches read in this process, items apart from collation,
+    with the step's measured data wait (`wait_ms`): a wait the workers' reading cannot explain is their hand-over."""
     loader = getattr(run.batches, "loader", None)  # None on the device-resident path
     workers, cpus, resident = (loader.num_workers if loader is not None else 0), _cpus(), run.batches.resident
+    read_ms = split["items_ms"] + split["collate_ms"] if split else math.inf
+    if workers and split and split.get("wait_ms", 0.0) >= HANDOFF * read_ms:  # the hand-over, not the reading
+        return [_rec("data.num_workers=0", f"the step waits {split['wait_ms']:.2f} ms for its batches from {workers} "
+                     f"loader worker(s), {split['wait_ms'] / max(read_ms, 1e-6):.0f}x the {read_ms:.2f} ms it takes "
+                     "to read and collate them in the training process: the wait is the hand-over from a worker "
+                     "process (pickling, shared memory, a queue), not the dataset; read them in this process", data),
+                *([_rec("data.pin_memory=true", "pinned batches copy to the GPU asynchronously", data)]
+                  if run.trainee.device.type == "cuda" else [])]
     recs = []
     if not resident and workers < max(1, cpus - 1):
         recs.append(_rec(f"data.num_workers={max(2, min(8, cpus - 1))}", f"the step waits for data {data:.0%} of the "
@@ -377,15 +394,69 @@ def _data_advice(run: Run, data: float) -> list[dict]:
     if resident:  # no loader to speed up: only fewer, larger gathers
         return recs + _larger_batch(run, f"the step waits for its batch {data:.0%} of the time", "the per-step "
                                     "gather", data)
-    # the levers left once the keys are used up live in the user's code and the machine
-    recs.append(_tip("make the dataset's __getitem__ cheaper", f"the step waits for data {data:.0%} of the time: "
-                     "decode, tokenize or augment once ahead of training and cache the result (pre-tokenized arrays, "
-                     "memory-mapped files), or produce items as in-memory tensors (then data.device_resident=true)",
-                     data))
+    # the levers left once the keys are used up live in the user's code and the machine: where the batch's
+    # collation costs more than reading its items, the items' shape and dtype are the fix, not __getitem__
+    if split and split["collate_ms"] > split["items_ms"]:
+        recs.append(_collate_tip(split, data))
+    else:
+        recs.append(_tip("make the dataset's __getitem__ cheaper", f"the step waits for data {data:.0%} of the time: "
+                         "decode, tokenize or augment once ahead of training and cache the result (pre-tokenized "
+                         "arrays, memory-mapped files), or produce items as in-memory tensors (then "
+                         "data.device_resident=true)", data))
     if workers >= max(1, cpus - 1):
         recs.append(_tip("more CPU cores for the loader", f"{workers} loader worker(s) and the step already share "
                          f"the {cpus} cores this process may run on: more workers would only split them finer", data))
     return recs
+
+
+def _collate_tip(split: dict, data: float) -> dict:
+    whole = split["items_ms"] + split["collate_ms"]
+    return _tip("make the items cheaper to collate", f"the step waits for data {data:.0%} of the time, and "
+                f"{split['collate_ms'] / whole:.0%} of reading a batch ({whole:.1f} ms in this process) is collating "
+                f"its items into one batch, not reading them ({split['items_ms']:.1f} ms): each batch copies every "
+                "item's tensors into new ones; return items in their smallest dtype (uint8 pixels, int16/int32 "
+                "tokens) and scale or cast them in the model, return tensors rather than numpy arrays or Python "
+                "lists, and no larger than the model reads (crop or resize once ahead of training)", data)
+
+
+def loader_split(run: Run) -> dict | None:
+    """One step's micro-batches read in this process as the loader reads them (the same indices and seeds), the
+    items' reads (__getitem__) timed apart from their collation into a batch: ms per step. None on the
+    device-resident path (no loader), or where the read fails here (the profiled steps read it; no report is lost
+    to a second read)."""
+    loader, batches = getattr(run.batches, "loader", None), run.batches
+    if loader is None or isinstance(loader.dataset, TensorDataset):  # a tensor set is gathered whole: no items
+        return None
+    reads, sampler, best, start = loader.dataset, batches.sampler, [math.inf, math.inf], time.perf_counter()
+    many = getattr(reads, "__getitems__", None)
+    try:
+        # the next step's batches first, their items' time dropped: the code's first calls are warm by the
+        # measured read, while its items are still new to any cache the dataset keeps in this process
+        for step in (sampler.start_step + 1, *[sampler.start_step] * 3):  # a few reads, within half a second
+            items = collate = 0.0
+            for m, idx in enumerate(sampler.step_indices(step)):
+                micro = Micro(idx.tolist(), sampler.read_seed(step, m * sampler.world + sampler.rank))
+                t0 = time.perf_counter()
+                got = many(micro) if callable(many) else [reads[i] for i in micro]
+                t1 = time.perf_counter()
+                loader.collate_fn(got)
+                items, collate = items + t1 - t0, collate + time.perf_counter() - t1
+            # the items' first read is the loader's (each index once an epoch: a cache the dataset keeps never
+            # serves it), the collation's least is its own cost (a first one touches fresh memory)
+            warm = step == sampler.start_step
+            best = [items if warm and best[0] == math.inf else best[0], min(best[1], collate)]
+            if warm and time.perf_counter() - start > 0.5:
+                break
+    except Exception:  # noqa: BLE001 - the user's dataset: its failure is the training read's to report
+        return None
+    return {"items_ms": best[0] * 1e3, "collate_ms": best[1] * 1e3}
+
+
+def _loader_read(run: Run, shares: dict, wait_s: float) -> dict | None:
+    """loader_split with the step's data wait beside it, where data is a stall: elsewhere nothing is read again
+    (a slow dataset's read would be paid once more for advice that is not given)."""
+    split = loader_split(run) if groups(shares)["data"] >= STALLS["data"] else None
+    return split and {**split, "wait_ms": wait_s * 1e3}
 
 
 def _comm_advice(run: Run, comm: float) -> list[dict]:
@@ -627,17 +698,17 @@ def _tiny_advice(run: Run, compute: float, loop_loss: float = 0.0) -> list[dict]
 
 
 def verdict(shares: dict, run: Run, memory: dict, tiny: float = 0.0, reads: float = 0.0,
-            f64: float = 0.0, loop_loss: float = 0.0) -> tuple[str, list[dict]]:
+            f64: float = 0.0, loop_loss: float = 0.0, split: dict | None = None) -> tuple[str, list[dict]]:
     """The bottleneck and ranked recommendations, the verdict's own first: every verdict but compute-bound
     comes with at least one. Each config recommendation can be pasted as it is on this machine: none names a
     device it does not have. `tiny`: tiny_op_share of a CPU step; `reads`: host_reads per step; `f64`:
-    f64_share of forward+backward."""
+    f64_share of forward+backward; `split`: loader_split."""
     on_gpu = run.trainee.device.type == "cuda"
     g = groups(shares)
     compute = g["forward"] + g["backward"]
     mem_frac = memory.get("peak_allocated_gib", 0) / memory["device_total_gib"] if memory.get("device_total_gib") else 0
-    advice = {"data": _data_advice, "communication": _comm_advice, "host": _host_advice,
-              "optimizer": _optimizer_advice}
+    advice = {"data": lambda r, share: _data_advice(r, share, split), "communication": _comm_advice,
+              "host": _host_advice, "optimizer": _optimizer_advice}
     part = bottleneck(shares, 0.0 if on_gpu else tiny)
     if part == "host" and g["host"] < STALLS["host"]:
         kind, recs = "host-overhead-bound", _tiny_advice(run, compute, loop_loss)
@@ -857,10 +928,11 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
     per, top = analyze(prof.events(), statistics.fmean(times), active, on_gpu)
     total = sum(per.values()) or 1.0
     shares = {k: v / total for k, v in per.items()}
+    split = _loader_read(run, shares, per["data_wait"])
     tiny, reads, cb_reads = (0.0 if on_gpu else tiny_op_share(prof.events()), host_reads(prof.events(), active),
                              host_reads(prof.events(), active, ("callbacks",)))
     f64, loop_loss = f64_share(prof.events()), loop_loss_share(prof.events())
-    kind, recs = verdict(shares, run, memory, tiny, reads, f64, loop_loss)
+    kind, recs = verdict(shares, run, memory, tiny, reads, f64, loop_loss, split)
     recs = _with_breaks_tip(_with_callback_reads(recs, kind, cb_reads, loop["callbacks_ms_per_step"] / 1e3 / total),
                             kind, shares, compile_stats() if tr.compiled else {})
     kind, recs, part, detail = _loop_verdict(loop, total, shares, kind, recs, bottleneck(shares, tiny),
@@ -879,7 +951,7 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
         "verdict": kind, "bottleneck": part, "verdict_detail": detail,
         "tiny_op_share": None if on_gpu else round(tiny, 4), "host_reads_per_step": reads,
         "callback_reads_per_step": cb_reads,
-        "float64_op_share": round(f64, 4), "loop_loss_share": round(loop_loss, 4),
+        "float64_op_share": round(f64, 4), "loop_loss_share": round(loop_loss, 4), "loader_split_ms": split,
         "recommendations": recs, "optimizer": optimizer_facts(tr.opt), "loss_finite": not bad, "notes": notes,
         "loop": loop, "layers": layers, "top_ops": top, "memory": memory,
         "method": "phases from torch.profiler ranges (device time of the kernels each launched on GPU, host time of "
@@ -898,11 +970,12 @@ def _profile(run: Run, n_warm: int, wait: int, warmup: int, active: int, periods
 LAYER_BOUND = 0.5  # one layer with this share of forward's time is where compute's cost is, and is named
 
 
-def layer_times(run: Run, passes: int = 2) -> list[dict]:
-    """Each module's own forward time (its children's taken out), largest first, from `passes` forwards of one
-    batch outside the profiled steps (the hooks' Python would read as host overhead there), without gradients.
-    Eager, one process only: hooks do not fire inside a compiled graph, and a rank's extra forward would make
-    DDP/FSDP/pipeline ranks wait on each other. [] where not measured."""
+def layer_times(run: Run, passes: int = 5) -> list[dict]:
+    """Each module's own forward time (its children's taken out), largest first: the least of up to `passes`
+    forwards of one batch (two at least, more within a second: on a shared machine a pass can lose a time slice
+    inside any one layer, and a second may too), outside the profiled steps (the hooks' Python would read as host
+    overhead there), without gradients. Eager, one process only: hooks do not fire inside a compiled graph, and a
+    rank's extra forward would make DDP/FSDP/pipeline ranks wait on each other. [] where not measured."""
     tr = run.trainee
     if tr.compiled or run.env.world_size > 1 or not isinstance(tr.step_module, WithLoss):
         return []
@@ -930,7 +1003,10 @@ def layer_times(run: Run, passes: int = 2) -> list[dict]:
         x, y = next(run.batches)
         best: dict[str, float] = {}
         with torch.no_grad():
-            for _ in range(passes):  # a module called k times a forward (a shared block) costs k calls a pass
+            start = time.perf_counter()
+            for i in range(passes):  # a module called k times a forward (a shared block) costs k calls a pass
+                if i >= 2 and time.perf_counter() - start > 1.0:
+                    break
                 for v in spent.values():
                     v.clear()
                 stack.clear()
