@@ -154,7 +154,8 @@ def _elsewhere(key: Any) -> str:
 def _retype_hint(value: Any, tp: Any) -> str:
     """How to write a value TOML read as the wrong type: a number in quotes ("1e-3"), an integer as 1e3."""
     if isinstance(value, float) and value.is_integer() and _coerce(int(value), tp)[0]:
-        return f"; write {int(value)}"
+        # 1e30 is whole, but as an integer past 64 bits it is refused next: no hint to write that
+        return f"; write {int(value)}" if -2**63 <= value < 2**63 else "; it is out of range (a 64-bit integer at most)"
     if isinstance(value, str) and value.strip():
         try:
             parsed = tomllib.loads(f"v = {value.strip()}")["v"]

@@ -129,8 +129,10 @@ def check_model(model: Any, names: Names = Names()) -> None:
     """Call once the model is built: an nn.Module with something to train."""
     if not isinstance(model, nn.Module):
         raise UserError(f"{names.model}: got {_describe(model)}, not a torch.nn.Module")
+    from turbotrain.models import check_initialised
     from turbotrain.models.hf import is_hf_model
 
+    check_initialised(model, names.model)
     if is_hf_model(model):  # factories' HF models are adapted in models.build_model; a model given to train() is not
         raise UserError(f"{names.model} is a transformers {type(model).__name__}: pass "
                         f"turbotrain.models.adapt(model) (reads .logits/.loss, passes labels by keyword)")

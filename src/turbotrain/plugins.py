@@ -181,7 +181,8 @@ def _check_declared_numbers(fn: Any, key: str, kwargs: dict) -> None:
             raise UserError(f"{key}.{name} = {shown}: {factory_label(fn)}() declares {name}: {declared.__name__}; "
                             f"give a number")
         if declared is int and isinstance(value, float):
-            fix = f"write {int(value)}" if value.is_integer() else "give a whole number"
+            fix = ("give a whole number" if not value.is_integer() else f"write {int(value)}"
+                   if -2**63 <= value < 2**63 else "give a whole number of 64 bits at most")
             raise UserError(f"{key}.{name} = {shown}: {factory_label(fn)}() declares {name}: int; {fix}")
 
 

@@ -129,7 +129,9 @@ def token_ids(files: list[Path], tokens: str) -> tuple[np.ndarray, int]:
         return cached
     ids, vocab_size, vocab, unknown = _encode([_read(p) for p in files], tokens)
     if not len(ids):
-        raise UserError(f"data.args.path: {', '.join(p.name for p in files[:3])} hold no text")
+        shown = ", ".join(str(p) for p in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise UserError(f"data.args.path: {shown} {'holds' if len(files) == 1 else 'hold'} no text (0 tokens); "
+                        f"point data.args.path at a .txt/.jsonl file or folder with text in it")
     _say_unknown(unknown, tokens)
     meta = {"vocab_size": vocab_size, "dtype": ids.dtype.name, "tokens": tokens, "n_tokens": int(len(ids)),
             "files": [s[0] for s in stamp], "vocab": vocab, "unknown": unknown}

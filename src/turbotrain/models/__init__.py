@@ -85,7 +85,27 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     model = adapt(model)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.name = {cfg.name!r}: the factory returned {type(model).__name__}, not an nn.Module")
+    check_initialised(model, f"model.name = {cfg.name!r}")
     return model
+
+
+def check_initialised(model: nn.Module, who: str) -> None:
+    """Refuses a model holding a module whose __init__ never ran nn.Module.__init__ (no super().__init__()):
+    it has no parameter or submodule tables, so the first .parameters() or .to() fails inside torch with an
+    AttributeError naming neither the class nor the fix. Walked by hand, as named_modules() itself needs them."""
+    stack, seen = [("", model)], set()
+    while stack:
+        name, mod = stack.pop()
+        if id(mod) in seen:
+            continue
+        seen.add(id(mod))
+        tables = vars(mod)
+        if not all(t in tables for t in ("_parameters", "_buffers", "_modules")):
+            cls = type(mod).__name__
+            part = f"its module `{name}` ({cls})" if name else f"the model ({cls})"
+            raise UserError(f"{who}: {part} was never initialised as an nn.Module: {cls}.__init__ does not call "
+                            f"super().__init__(); call it first thing in {cls}.__init__, before setting any attribute")
+        stack.extend((f"{name}.{k}" if name else k, m) for k, m in tables["_modules"].items() if m is not None)
 
 
 def adapt(model: nn.Module) -> nn.Module:
