@@ -346,7 +346,8 @@ class Batches:
                 f"its __len__ says {len(self.loader.dataset)} items: does __getitem__ serve every index below that?"
                 if isinstance(e, IndexError) or text.startswith("IndexError") else
                 "return detached tensors (tensor.detach()) from the dataset" if "requires grad" in text else
-                "every item must be an (inputs, targets) pair of the same shapes and dtypes")
+                "every item must be an (inputs, targets) pair of the same shapes and dtypes" if _in_collate(e) else
+                "the dataset raised it while reading an item: fix or skip that item in the dataset's code")
         return (f"{self.who}: reading a training batch failed: {type(e).__name__}: {text.strip()[:200]}{where(e)}; "
                 f"{hint}")
 
@@ -437,3 +438,16 @@ def eval_batches(ds: Dataset, micro: int, n_batches: int, rank: int, world: int)
     n = min(n_batches, len(ds) // micro)
     n -= n % world
     return [torch.arange(b * micro, (b + 1) * micro) for b in range(rank, n, world)]
+
+
+def _in_collate(e: BaseException) -> bool:
+    """Did batching the items fail (torch's collate: items of different shapes or kinds), rather than reading one?
+    A worker's error carries its traceback as text; one raised here, as frames."""
+    if "collate.py" in str(e):
+        return True
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("collate.py"):
+            return True
+        tb = tb.tb_next
+    return False

@@ -62,7 +62,7 @@ class MonitorConfig:
     webhook_url: str = ""
     """POST every alert as JSON to this URL ("" = off); never blocks training."""
     webhook_timeout_s: float = 5.0
-    """Seconds one webhook POST may take before it counts as failed."""
+    """Seconds one webhook POST may take before it counts as failed (at most 3600)."""
     webhook_retries: int = 3
     """Tries per alert, 1 to 100 (with a short backoff), before it is recorded as undelivered in
     alerts_undelivered.jsonl."""
@@ -135,8 +135,8 @@ class MonitorConfig:
                 raise UserError(f"monitor.{key} = {getattr(self, key)}: must be >= 1")
         if self.webhook_retries > 100:  # each try waits out its timeout: more would hold one alert for the whole run
             raise UserError(f"monitor.webhook_retries = {self.webhook_retries}: at most 100 tries an alert")
-        if self.webhook_timeout_s <= 0:
-            raise UserError(f"monitor.webhook_timeout_s = {self.webhook_timeout_s}: must be > 0")
+        if not 0 < self.webhook_timeout_s <= 3600:  # a socket timeout past that overflows; an hour is plenty
+            raise UserError(f"monitor.webhook_timeout_s = {self.webhook_timeout_s}: must be > 0 and at most 3600")
         if self.loss_diverging_window in (1, 2):
             raise UserError("monitor.loss_diverging_window: a trend needs at least 3 log steps (0 = off)")
         if 0 < self.loss_spike_factor <= 1:  # every loss above its own running average would be a spike

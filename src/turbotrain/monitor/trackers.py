@@ -384,7 +384,21 @@ def check_trackers(specs: list[str]) -> None:
             if not found:
                 raise UserError(_not_installed(spec))
         elif ":" in spec:
-            load_object(spec, "monitor.trackers")
+            _check_factory(spec, load_object(spec, "monitor.trackers"))
+
+
+def _check_factory(spec: str, factory) -> None:
+    """A factory that cannot take `(run_dir, start_step)` is said before the run directory is made."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind(Path("."), 0)
+    except TypeError:
+        raise UserError(f"monitor.trackers = {spec!r}: it is called as factory(run_dir, start_step), which "
+                        f"{getattr(factory, '__name__', spec)}{inspect.signature(factory)} does not take; give it "
+                        "those two parameters") from None
+    except ValueError:  # no signature to read (a builtin): the call itself will tell
+        pass
 
 
 def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tracker | None:
@@ -407,9 +421,9 @@ def build_tracker(spec: str | Tracker, run_dir: Path, start_step: int = 0) -> Tr
     if spec in ("csv", "wandb", "mlflow"):
         return {"csv": CsvTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}[spec](run_dir, start_step)
     if ":" in spec:
-        from turbotrain.plugins import load_object
+        from turbotrain.plugins import call_user, load_object
 
-        tracker = load_object(spec, "monitor.trackers")(run_dir, start_step)
+        tracker = call_user(load_object(spec, "monitor.trackers"), f"monitor.trackers: {spec}", run_dir, start_step)
         if not _is_tracker(tracker):  # a factory that forgot its `return` would log nowhere, silently
             raise UserError(f"monitor.trackers: {spec}(run_dir, start_step) returned {repr(tracker)[:60]}, not a "
                             f"tracker (an object with log(row) and close()); return one from the factory")
