@@ -366,6 +366,7 @@ def _cpus() -> int:
 
 
 HANDOFF = 3  # a data wait this many times a batch's read in this process is the workers' hand-over, not the read
+SPLIT_AHEAD = 1000  # loader_split reads a step this far past the run's start: items no profiled step read
 
 
 def _data_advice(run: Run, data: float, split: dict | None = None) -> list[dict]:
@@ -430,9 +431,11 @@ def loader_split(run: Run) -> dict | None:
     reads, sampler, best, start = loader.dataset, batches.sampler, [math.inf, math.inf], time.perf_counter()
     many = getattr(reads, "__getitems__", None)
     try:
-        # the next step's batches first, their items' time dropped: the code's first calls are warm by the
-        # measured read, while its items are still new to any cache the dataset keeps in this process
-        for step in (sampler.start_step + 1, *[sampler.start_step] * 3):  # a few reads, within half a second
+        # a step far past the profiled ones: its items were not read by the workers moments ago (the OS page
+        # cache would serve a re-read of theirs fast and hide a slow disk); the step after it first, its items'
+        # time dropped, so the code's first calls are warm by the measured read
+        ahead = sampler.start_step + SPLIT_AHEAD
+        for step in (ahead + 1, *[ahead] * 3):  # a few reads, within half a second
             items = collate = 0.0
             for m, idx in enumerate(sampler.step_indices(step)):
                 micro = Micro(idx.tolist(), sampler.read_seed(step, m * sampler.world + sampler.rank))
@@ -443,7 +446,7 @@ def loader_split(run: Run) -> dict | None:
                 items, collate = items + t1 - t0, collate + time.perf_counter() - t1
             # the items' first read is the loader's (each index once an epoch: a cache the dataset keeps never
             # serves it), the collation's least is its own cost (a first one touches fresh memory)
-            warm = step == sampler.start_step
+            warm = step == ahead
             best = [items if warm and best[0] == math.inf else best[0], min(best[1], collate)]
             if warm and time.perf_counter() - start > 0.5:
                 break

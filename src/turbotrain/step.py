@@ -196,6 +196,9 @@ def _users(what: str, fix: str):
         raise EvalFailed(f"evaluation: {what} failed: {type(e).__name__}: {text}{where(e)}; {fix}") from e
 
 
+LIBRARY_OOM = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
 def _out_of_memory(e: BaseException) -> str | None:
     """What ran out for an out-of-memory error (the device's, or the host's: Python's MemoryError, torch's host
     allocator's RuntimeError), else None."""
@@ -207,7 +210,10 @@ def _out_of_memory(e: BaseException) -> str | None:
     if isinstance(e, RuntimeError) and "can't allocate memory" in text and "CPUAllocator" in text:
         size = re.search(r"allocate (\d+) bytes", text)
         return f"host memory: tried to allocate {int(size.group(1)) / 2**30:.1f} GiB" if size else "host memory"
-    return None
+    if isinstance(e, RuntimeError) and any(m in text for m in LIBRARY_OOM):
+        return text[:160]  # a library's allocation failing on the device, not torch's caching allocator
+    cause = e.__cause__
+    return _out_of_memory(cause) if cause is not None and cause is not e else None  # wrapped (compile, a hook)
 
 
 @torch.no_grad()

@@ -52,3 +52,24 @@ def test_a_dataset_failure_gets_the_hint_of_its_kind(tmp_path, capsys, data, hin
     assert rc == 2 and hint in err[-1], err
     if data == "corrupt":
         assert "fix or skip that item in the dataset's code" in err[-1] and "same shapes" not in err[-1], err[-1]
+
+
+def test_out_of_memory_is_recognised_from_libraries_and_through_a_wrapper():
+    from turbotrain.step import _out_of_memory
+
+    assert _out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"))
+    assert _out_of_memory(RuntimeError("CUDA error: out of memory"))
+    wrapped = RuntimeError("backend compiler failed")
+    wrapped.__cause__ = MemoryError()
+    assert _out_of_memory(wrapped) == "host memory"
+    assert _out_of_memory(RuntimeError("shape mismatch")) is None
+
+
+def test_a_traced_module_is_not_taken_for_an_uninitialised_one():
+    import torch
+
+    from turbotrain.models import check_initialised
+
+    traced = torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2))
+    check_initialised(torch.nn.Sequential(traced), "model.name")
+    check_initialised(traced, "model.name")

@@ -286,7 +286,7 @@ def test_a_tracker_factory_of_your_own_is_imported_before_the_run(spec, msg):
     cfg = load_config(BASE, [f'monitor.trackers=["{spec}"]'])
     with pytest.raises(UserError, match=msg):
         cfg.monitor.check_sinks()
-    load_config(BASE, ['monitor.trackers=["csv", "userpkg.models:linear"]']).monitor.check_sinks()
+    load_config(BASE, ['monitor.trackers=["csv", "userpkg.lead_s27:raising"]']).monitor.check_sinks()  # (run_dir, step)
 
 
 def test_an_uninstalled_extra_leaves_a_finished_run_alone(run_dir, capsys, monkeypatch):

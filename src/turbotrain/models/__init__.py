@@ -8,6 +8,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import jit as torch_jit
 from torch import nn
 
 from turbotrain.errors import UserError
@@ -99,6 +100,8 @@ def check_initialised(model: nn.Module, who: str) -> None:
         if id(mod) in seen:
             continue
         seen.add(id(mod))
+        if isinstance(mod, torch_jit.ScriptModule):  # a traced module keeps its tables in its C++ module
+            continue
         tables = vars(mod)
         if not all(t in tables for t in ("_parameters", "_buffers", "_modules")):
             cls = type(mod).__name__

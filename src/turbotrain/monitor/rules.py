@@ -369,9 +369,10 @@ class LossRules:
         may be a trained model's already: no verdict from it."""
         first = self.first
         if first is not None and first > 0 and self.first_at == 1 and self.lowest > (1 - PLATEAU_UNTRAINED) * first:
-            return (f"the loss never came down from its first value {first:.4g}, so the model is not learning: the LR "
-                    "is far too low (raise train.lr, check train.warmup_steps / train.schedule) or its weights are "
-                    "frozen (requires_grad off, a detached loss)")
+            return (f"the loss never came down from its first value {first:.4g}: a model trained from scratch is not "
+                    "learning, the LR far too low (raise train.lr, check train.warmup_steps / train.schedule) or its "
+                    "weights frozen (requires_grad off, a detached loss); a pretrained model may have started near "
+                    "where it ends")
         return ("converged (stop, or save the compute), or the LR is too high or too low to go on; tune train.lr / "
                 "train.schedule")
 

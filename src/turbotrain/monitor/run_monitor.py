@@ -283,6 +283,7 @@ class RunMonitor:
     def close(self) -> None:
         """Watchdog, alerts, /metrics, then the metrics files: each part closes even when one before it
         fails (a full disk under alerts.jsonl must not leave metrics.jsonl unflushed); the failure is raised."""
+        self.read_step = None  # the loader's: a failed run's traceback keeps the monitor, not its loader workers
         with contextlib.ExitStack() as parts:  # runs the callbacks last-registered first, each whatever happens
             parts.callback(self.logger.close)
             parts.callback(self._write_pending)
