@@ -23,6 +23,7 @@ from turbotrain.config import Config, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, run_progress, say
+from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 from turbotrain.rundir import RunConfig
 
@@ -82,7 +83,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
-    out += ["packed_attn"] if any(getattr(m, "calls_qkv_attention", False) for m in model.modules()) else []
+    out += ["packed_attn"] if callers(model) else []
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]

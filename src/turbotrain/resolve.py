@@ -20,6 +20,7 @@ from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
+from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 
 RESIDENT_LIMIT_BYTES = 4 << 30  # "auto" keeps built-in datasets up to this size on the device
@@ -63,9 +64,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
                  convnet_targets=convnet_targets(model, device),
-                 qkv_attention=any(getattr(m, "calls_qkv_attention", False) for m in model.modules()),
-                 attention_dropout=max((_dropout_of(m) for m in model.modules()
-                                        if getattr(m, "calls_qkv_attention", False)), default=0.0))
+                 qkv_attention=bool(callers(model)),
+                 attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0))
 
 
 def _dropout_of(module: nn.Module) -> float:

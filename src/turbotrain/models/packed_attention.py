@@ -2,7 +2,7 @@
 
 A block that projects q, k and v with one linear layer and splits the result pays, in backward, for a copy of
 the whole qkv gradient: SDPA returns dq, dk and dv as three tensors, and the split's backward concatenates them
-for the linear's matmuls (GPT-2 124M: 0.42 ms of a 32 ms step on an H200, benchmarks/NOTES.md, session 27).
+for the linear's matmuls (its cost: benchmarks/NOTES.md).
 Here cuDNN's fused attention runs through cudnn-frontend's graph API, which takes any strides for its outputs:
 dq, dk and dv are written straight into one (B, T, 3C) buffer, the layout the linear's backward reads. The
 kernels are the ones torch's SDPA runs on Hopper (cuDNN's flash attention), so the values are the same; only the
@@ -65,6 +65,11 @@ def qkv_attention(qkv: torch.Tensor, n_head: int, dropout_p: float = 0.0) -> tor
     q, k, v = (z.transpose(1, 2) for z in qkv.view(b, t, 3, n_head, c3 // 3 // n_head).unbind(2))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(b, t, c3 // 3)
+
+
+def callers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of `model` that call qkv_attention (they say so: `calls_qkv_attention = True`)."""
+    return [m for m in model.modules() if getattr(m, "calls_qkv_attention", False)]
 
 
 def head_dim_ok(d: int) -> bool:
