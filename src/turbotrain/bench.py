@@ -23,6 +23,7 @@ from turbotrain.config import Config, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, run_progress, say
+from turbotrain.models.gelu_epilogue import callers as gelu_callers
 from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 from turbotrain.rundir import RunConfig
@@ -30,7 +31,8 @@ from turbotrain.rundir import RunConfig
 BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=false",
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
             "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
-            "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false"]
+            "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false",
+            "kernels.gelu_epilogue=false"]
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
 MIN_STEPS = 2  # a fresh run's first step is warm-up (monitor/run_monitor.py's n_warm), so it times from the second
@@ -52,12 +54,13 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "fused_loss": ['kernels.fused_loss="auto"'],  # on where the model and config allow it
         # the packed op runs in bf16/fp16 only: read this row against the bf16 one
         "packed_attn": ["precision.dtype=bf16", 'kernels.packed_attention="auto"'],
+        "gelu_epilogue": ["precision.dtype=bf16", 'kernels.gelu_epilogue="auto"'],  # bf16/fp16 only, as packed_attn
         "convnet": ["kernels.convnet=true", 'memory.channels_last="auto"'],  # the pool kernels need NHWC
         # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
         "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
                 'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"',
-                'kernels.packed_attention="auto"', *AUTO_DATA],
+                'kernels.packed_attention="auto"', 'kernels.gelu_epilogue="auto"', *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
@@ -84,6 +87,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
     out += ["packed_attn"] if callers(model) else []
+    out += ["gelu_epilogue"] if gelu_callers(model) else []
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from turbotrain import contract
 from turbotrain.accel.activation_ckpt import checkpointed_blocks
-from turbotrain.accel.attention import measure_attention
+from turbotrain.accel.attention import measure_attention, model_ops
 from turbotrain.accel.compile_cache import CompileCache, cache_folder, graph_digest, open_compile_cache
 from turbotrain.accel.precision import tf32_kept
 from turbotrain.checkpoint import Checkpointer, param_shapes
@@ -38,7 +38,6 @@ from turbotrain.errors import UserError
 from turbotrain.log import new_run, say
 from turbotrain.losses import LossFn, cross_entropy, resolve_loss
 from turbotrain.models import BUILTIN, adapt, args_from_data, build_model, estimate_params
-from turbotrain.models.packed_attention import packed_attention
 from turbotrain.models.structure import WithLoss, model_class_name
 from turbotrain.monitor.alerts import NonFiniteLoss
 from turbotrain.monitor.flops import flops_per_sample, peak_flops
@@ -431,7 +430,7 @@ def _measured_attention(cfg: Config, tr: Trainee, sample: tuple) -> Config:
     with the model on the device and before the first step compiles (the backend is fixed at trace time)."""
     if cfg.kernels.attention != "auto":
         return cfg
-    with packed_attention(cfg.kernels.packed_attention is True):  # its calls are not SDPA's to measure
+    with model_ops(cfg.kernels):  # as train runs the model: packed attention's calls are not SDPA's to measure
         choice = measure_attention(tr.step_module, sample, cfg.data.batch_size, tr.device, tr.dtype,
                                    cache_folder(cfg.compile, tr.device))
     return replace(cfg, kernels=replace(cfg.kernels, attention=choice))

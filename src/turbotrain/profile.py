@@ -55,7 +55,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from turbotrain.accel import precision
-from turbotrain.accel.attention import attention_backend
+from turbotrain.accel.attention import attention_backend, model_ops
 from turbotrain.accel.compile import compile_stats
 from turbotrain.bench import Interrupted, interrupts
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
@@ -67,7 +67,6 @@ from turbotrain.distributed.fsdp import unit_groups
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, say
-from turbotrain.models.packed_attention import packed_attention
 from turbotrain.models.structure import WithLoss
 from turbotrain.monitor import phases
 from turbotrain.prepare import Run, prepare, process_state_kept
@@ -784,7 +783,7 @@ def _run_profile(cfg: Config, active: int, warmup: int, wait: int) -> dict:
     try:  # the caller's RNG, TF32 and environment are theirs again after it, as after train()
         with process_state_kept(), attention_backend(cfg.kernels.attention, resolve_device(cfg.run.device)):
             run = prepare(cfg, probe=True)
-            with packed_attention(run.cfg.kernels.packed_attention is True):  # resolved by prepare, as train holds it
+            with model_ops(run.cfg.kernels):  # resolved by prepare, as train holds them
                 return _profile(run, n_warm, wait, warmup, active, periods)
     finally:
         phases.enable(False)

@@ -20,6 +20,7 @@ from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
+from turbotrain.models.gelu_epilogue import callers as gelu_callers
 from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 
@@ -46,6 +47,7 @@ class Facts:
     convnet_targets: int = 0  # stem-like convs and max pools kernels.convnet would rewrite
     qkv_attention: bool = False  # the model calls models.packed_attention.qkv_attention (kernels.packed_attention)
     attention_dropout: float = 0.0  # the largest dropout of those calls (the packed op runs without)
+    gelu_mlp: bool = False  # the model calls models.gelu_epilogue.gelu_mlp (kernels.gelu_epilogue)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -65,7 +67,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
                  convnet_targets=convnet_targets(model, device),
                  qkv_attention=bool(callers(model)),
-                 attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0))
+                 attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0),
+                 gelu_mlp=bool(gelu_callers(model)))
 
 
 def _dropout_of(module: nn.Module) -> float:
@@ -104,6 +107,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_fused_loss(c, facts)
     _resolve_convnet(c, facts)
     _resolve_packed_attention(c, facts)
+    _resolve_gelu_epilogue(c, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -344,6 +348,33 @@ def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
         return (f"runs attention without dropout, but the model's attention dropout is {facts.attention_dropout:g}"
                 " (model.args.dropout); set it to 0")
     problem = frontend_problem()
+    return f"needs {problem}" if problem else None
+
+
+def _resolve_gelu_epilogue(c: _Changes, facts: Facts) -> None:
+    """"auto": on a Hopper or newer GPU (where it was measured to pay) for a model that calls gelu_mlp, in
+    bf16/fp16; an explicit true where it cannot run is an error."""
+    setting = c.cfg.kernels.gelu_epilogue
+    if setting is False:
+        return
+    blocker = _gelu_epilogue_blocker(c.cfg, facts)
+    if setting == "auto":
+        c.set("kernels", "gelu_epilogue", blocker is None and (_capability(facts.device) or (0, 0))[0] >= 9)
+    elif blocker:
+        raise UserError(f"kernels.gelu_epilogue = true {blocker}; set kernels.gelu_epilogue=false")
+
+
+def _gelu_epilogue_blocker(cfg: Config, facts: Facts) -> str | None:
+    from turbotrain.models.gelu_epilogue import library_problem
+
+    if facts.device.type != "cuda" or _capability(facts.device) is None:
+        return f"runs cuBLASLt's GEMM epilogues, which need a CUDA GPU (this run is on {facts.device.type})"
+    if not facts.gelu_mlp:
+        return ("applies to modules that call turbotrain.models.gelu_epilogue.gelu_mlp and say so with a class "
+                "attribute `calls_gelu_mlp = True` (turbotrain's GPT blocks do); this model has none")
+    if cfg.precision.dtype in ("fp32", "tf32"):  # resolved by then: "auto" is bf16 or fp16 on a GPU
+        return f"runs in bf16 or fp16, but precision.dtype = \"{cfg.precision.dtype}\"; set precision.dtype=\"bf16\""
+    problem = library_problem()
     return f"needs {problem}" if problem else None
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 from torch.utils.data import Dataset
 
-from turbotrain.accel.attention import attention_backend
+from turbotrain.accel.attention import attention_backend, model_ops
 from turbotrain.accel.compile import compile_stats
 from turbotrain.accel.compile_cache import save_compile_cache
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns, rng_kept
@@ -49,8 +49,8 @@ def train(cfg, model: nn.Module | None = None, train_data: Dataset | None = None
             hooks = Hooks(cbs, run.cfg.train.steps, run.trainee.model, run.rundir.path)
             # from here until the final checkpoint and summary are written, a signal waits (a second Ctrl-C does not)
             stop = StopRequest(saves=bool(run.cfg.checkpoint.every), ranks=run.env.world_size)
-            kernels = run.cfg.kernels  # the attention settings are in force while compile traces
-            with attention_backend(kernels.attention, run.trainee.device, kernels.packed_attention is True):
+            kernels = run.cfg.kernels  # the attention settings and model ops are in force while compile traces
+            with attention_backend(kernels.attention, run.trainee.device), model_ops(kernels):
                 return _train(run, hooks, metrics, stop, t_start)
         except StopNow as e:  # the exit a scheduler reads (143: stopped by SIGTERM), from wherever it landed
             raise SystemExit(128 + e.signum) from None

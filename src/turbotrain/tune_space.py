@@ -64,6 +64,7 @@ class Probe:
     fused_loss: bool = False  # the resolver accepts kernels.fused_loss (model protocol, cross-entropy, not sharded)
     convnet: bool = False  # a GPU and a model with a layer kernels.convnet rewrites
     packed_attention: bool = False  # the resolver accepts kernels.packed_attention with bf16 (a GPU, the model, cuDNN)
+    gelu_epilogue: bool = False  # the resolver accepts kernels.gelu_epilogue with bf16 (a GPU, the model, cuBLASLt)
     fp8: bool = False  # the resolver accepts precision.fp8 with bf16 (an FP8 GPU, torchao importable)
     fp8_head: bool = False  # ... and precision.fp8_head, and the model's output layer can be converted
     attention_backends: tuple[str, ...] = ()  # explicit SDPA backends this GPU runs
@@ -178,6 +179,7 @@ def levers(cfg: Config, eff: Config, facts, model: nn.Module) -> dict[str, Any]:
             "convnet": gpu and _accepts(cfg, facts, {"kernels.convnet": True}),
             "packed_attention": gpu and _accepts(cfg, facts, {"precision.dtype": "bf16",
                                                               "kernels.packed_attention": True}),
+            "gelu_epilogue": gpu and _accepts(cfg, facts, {"precision.dtype": "bf16", "kernels.gelu_epilogue": True}),
             "fp8": fp8,
             "fp8_head": fp8 and _accepts(cfg, facts, FP8_HEAD) and head_convertible(
                 model, fsdp_fp8_gather=fsdp_sharded(eff.parallel, world)),
@@ -309,9 +311,10 @@ def dimensions(probe: Probe) -> list[Dimension]:
             "attention": Dimension("attention backend", _attention), "parallel": Dimension("parallel", _parallel),
             "autotune": Dimension("compiler kernel tuning", _autotune), "fp8": Dimension("fp8", _fp8),
             "fused_loss": Dimension("fused loss", _fused_loss), "convnet": Dimension("convnet kernels", _convnet),
-            "packed_attention": Dimension("packed attention", _packed_attention)}
+            "packed_attention": Dimension("packed attention", _packed_attention),
+            "gelu_epilogue": Dimension("GELU in GEMM epilogues", _gelu_epilogue)}
     order = (["precision", "compile", "fp8", "channels_last", "convnet", "optimizer", "attention", "packed_attention",
-              "fused_loss",
+              "gelu_epilogue", "fused_loss",
               "memory", "data", "loader", "parallel", "autotune"] if probe.on_gpu else
              ["data", "loader", "optimizer", "fused_loss", "memory", "precision", "channels_last", "parallel",
               "compile"])
@@ -358,6 +361,14 @@ def _packed_attention(ctx: Ctx) -> list[Candidate]:
         return []
     on = not ctx.value("kernels.packed_attention")
     return [Candidate(f"packed attention {'on' if on else 'off'}", {"kernels.packed_attention": on})]
+
+
+def _gelu_epilogue(ctx: Ctx) -> list[Candidate]:
+    """GELU and its gradient in cuBLASLt's GEMM epilogues (bf16/fp16 only): on, or off where the input has it on."""
+    if not ctx.probe.gelu_epilogue or ctx.value("precision.dtype") not in ("bf16", "fp16"):
+        return []
+    on = not ctx.value("kernels.gelu_epilogue")
+    return [Candidate(f"GELU epilogue {'on' if on else 'off'}", {"kernels.gelu_epilogue": on})]
 
 
 def _compile_changes(mode: str, scope: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from turbotrain.errors import UserError
-from turbotrain.models import packed_attention
+from turbotrain.models import gelu_epilogue, packed_attention
 from turbotrain.models.structure import find_blocks
 
 
@@ -46,6 +46,7 @@ _SAVE_OPS = {
 if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
     _SAVE_OPS.add(_aten._scaled_dot_product_flash_attention_for_cpu.default)
 _SAVE_OPS.add(packed_attention.QKV_ATTENTION_OP)  # kernels.packed_attention
+_SAVE_OPS.add(gelu_epilogue.LINEAR_GELU_OP)  # kernels.gelu_epilogue
 
 
 def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:

@@ -53,6 +53,12 @@ class KernelsConfig:
     blocks); bf16/fp16, no dropout
     ("auto": on a Hopper or newer GPU where cudnn-frontend imports and kernels.attention leaves cuDNN allowed;
     measured in docs/benchmarks.md)."""
+    gelu_epilogue: bool | Literal["auto"] = "auto"
+    """A GELU MLP's GELU and its gradient computed in the epilogues of GEMMs that run anyway (cuBLASLt, the
+    library torch loaded): no GELU kernels of their own. For modules that call
+    `turbotrain.models.gelu_epilogue.gelu_mlp` and set `calls_gelu_mlp = True` (turbotrain's GPT blocks); tanh
+    GELU, linears with biases and sizes of multiples of 8, bf16/fp16
+    ("auto": on a Hopper or newer GPU; measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d
@@ -60,16 +66,26 @@ class KernelsConfig:
     GPU, for models with any of them; measured in docs/benchmarks.md)."""
 
 
-def attention_backend(setting: str, device: torch.device, packed: bool = False) -> contextlib.AbstractContextManager:
-    """`with attention_backend("flash", device): train...` — the setting's backend and those after it in the
-    chain cuDNN → flash → efficient → math enabled, the ones before it disabled ("auto" here, unmeasured, and
-    "default": torch's own choice); with `packed`, qkv_attention calls run packed (kernels.packed_attention)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+def model_ops(kernels: KernelsConfig) -> contextlib.ExitStack:
+    """`with model_ops(cfg.kernels): train...` — the ops models opt into (kernels.packed_attention,
+    kernels.gelu_epilogue) run where the resolved config turns them on; the model's plain code elsewhere."""
+    from turbotrain.models.gelu_epilogue import gelu_epilogue
     from turbotrain.models.packed_attention import packed_attention
 
+    stack = contextlib.ExitStack()
+    stack.enter_context(packed_attention(kernels.packed_attention is True))
+    stack.enter_context(gelu_epilogue(kernels.gelu_epilogue is True))
+    return stack
+
+
+def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """`with attention_backend("flash", device): train...` — the setting's backend and those after it in the
+    chain cuDNN → flash → efficient → math enabled, the ones before it disabled ("auto" here, unmeasured, and
+    "default": torch's own choice)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     if setting in ("default", "auto"):
-        return packed_attention(True) if packed else contextlib.nullcontext()
+        return contextlib.nullcontext()
     if device.type != "cuda" and setting in ("cudnn", "efficient"):  # else the line below reads as if it ran
         say(f"warning: kernels.attention = \"{setting}\" names a CUDA kernel; on {device.type} SDPA has its flash "
             "and math kernels only, and runs those")
@@ -77,8 +93,6 @@ def attention_backend(setting: str, device: torch.device, packed: bool = False) 
     first = {"cudnn": 0, "flash": 1, "efficient": 2, "math": 3}[setting]
     enabled = chain[first:]
     stack = contextlib.ExitStack()
-    if packed:
-        stack.enter_context(packed_attention(True))
     try:
         stack.enter_context(sdpa_kernel(enabled, set_priority=True))
     except TypeError:  # torch < 2.6: no priority order; the enabled set alone still decides

@@ -4,17 +4,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from turbotrain.contract import bool_arg, float_arg, int_arg
 from turbotrain.errors import UserError
 from turbotrain.models import init
+from turbotrain.models.gelu_epilogue import gelu_mlp
 from turbotrain.models.packed_attention import qkv_attention
 
 
 class Block(nn.Module):
     calls_qkv_attention = True  # kernels.packed_attention applies (models/packed_attention.py)
+    calls_gelu_mlp = True  # kernels.gelu_epilogue applies (models/gelu_epilogue.py)
 
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
         super().__init__()
@@ -30,7 +31,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = qkv_attention(self.qkv(self.ln1(x)), self.n_head, self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(y))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+        return x + self.drop(gelu_mlp(self.ln2(x), self.fc, self.out))
 
 
 class GPT(nn.Module):

@@ -1,0 +1,255 @@
+"""A GELU MLP whose GELU and GELU gradient run in cuBLASLt's GEMM epilogues (`kernels.gelu_epilogue`).
+
+`out(gelu(fc(x)))` costs, besides its four GEMMs, a GELU kernel in forward (read h, write gelu(h)) and a GELU
+backward kernel (read the gradient and h, write dh). cuBLASLt can apply both in the epilogue of a GEMM that runs
+anyway: the fc GEMM writes gelu(h) and h at once (GELU_AUX_BIAS), and the GEMM that makes the gradient of
+gelu(h) writes dh instead (DGELU, h read beside its accumulator). The bias gradients and the other GEMMs stay with
+torch (and inductor), so they fuse as before. Measured in benchmarks/NOTES.md (session 28).
+
+The math is GPT-2's tanh GELU, as `F.gelu(approximate="tanh")`; the epilogue applies it to the fp32 accumulator
+before rounding (torch rounds h to bf16 first), a difference within bf16's own rounding.
+
+Models opt in by calling `gelu_mlp(x, fc, out)` where they would write `out(F.gelu(fc(x), approximate="tanh"))`
+and saying so (`calls_gelu_mlp = True`; turbotrain's GPT blocks do). It runs the epilogue ops while
+`gelu_epilogue(True)` is in force, on CUDA tensors of bf16/fp16 (autocast's or their own), for linears with
+biases and sizes that are multiples of 8; the plain expression otherwise, so the model is the same model
+everywhere. The ops are `torch.library.custom_op`s with fake implementations and autograd registered on them:
+they trace under `torch.compile(fullgraph=True)`, and CUDA graphs capture them (each call runs on the current
+stream).
+
+cuBLASLt is called through ctypes on the copy of the library torch itself loaded: no package to install.
+Each shape's algorithm is cuBLASLt's first heuristic choice, so a rerun (or a resumed run) runs the same kernels.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+
+import torch
+import torch.nn.functional as F
+
+_STATE = {"on": False}
+_LOCK = threading.Lock()  # descriptors are shared by calls of one shape; their pointers are set per call
+
+# cublasLt.h's values (stable across CUDA 11-13)
+_F32, _F16, _BF16 = 0, 2, 14
+_COMPUTE_32F = 68
+_OP_N, _OP_T = 0, 1
+_TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_TYPE = 3, 4, 7, 8, 11, 12, 22
+_GELU_AUX_BIAS, _DGELU = 32 | 128 | 4, 64 | 128
+_PREF_WORKSPACE, _PREF_ALIGN = 1, (5, 6, 7, 8)  # the last: A, B, C, D minimum alignment in bytes
+WORKSPACE = 32 << 20  # cuBLAS's own default on Hopper
+_DTYPES = {torch.bfloat16: _BF16, torch.float16: _F16}
+
+
+class _Heuristic(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspace", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+_LT: dict = {}  # "lib", "handle"
+_PLANS: dict[tuple, tuple] = {}
+
+
+@contextlib.contextmanager
+def gelu_epilogue(enabled: bool):
+    """`with gelu_epilogue(True): train...` — `gelu_mlp` calls run the epilogue ops where they apply."""
+    before = _STATE["on"]
+    _STATE["on"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _STATE["on"] = before
+
+
+def callers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of `model` that call gelu_mlp (they say so: `calls_gelu_mlp = True`)."""
+    return [m for m in model.modules() if getattr(m, "calls_gelu_mlp", False)]
+
+
+def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
+    """`out(F.gelu(fc(x), approximate="tanh"))`, with the GELU in the GEMMs' epilogues where that applies."""
+    dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    if not (_STATE["on"] and x.is_cuda and dt in _DTYPES and _applies(fc, out)):
+        return out(F.gelu(fc(x), approximate="tanh"))
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).to(dt)
+    g, h = torch.ops.turbotrain.linear_gelu(x2, fc.weight.to(dt), fc.bias.to(dt))
+    y = torch.ops.turbotrain.gelu_linear(g, h, out.weight.to(dt), out.bias.to(dt))
+    return y.view(*shape[:-1], y.shape[-1])
+
+
+def _applies(fc: torch.nn.Linear, out: torch.nn.Linear) -> bool:
+    """Linears with biases, sizes cuBLASLt's 16-bit epilogues take (leading dimensions of multiples of 8)."""
+    return (fc.bias is not None and out.bias is not None and fc.weight.dim() == 2 and out.weight.dim() == 2
+            and fc.weight.shape[0] == out.weight.shape[1]
+            and all(n % 8 == 0 for n in (*fc.weight.shape, out.weight.shape[0])))
+
+
+def library_problem() -> str | None:
+    """Why cuBLASLt's epilogues cannot be called here (the rest of a sentence after "needs"), or None."""
+    try:
+        _lib()
+    except Exception as e:  # no CUDA in this torch, the library not loaded, a symbol missing, a status
+        return f"cuBLASLt, which this torch did not load or does not answer ({type(e).__name__}: {e})"
+    return None
+
+
+def _lib():
+    if "lib" not in _LT:
+        torch.cuda.init()
+        with open("/proc/self/maps") as f:  # the copy torch loaded, whichever CUDA it came with
+            path = next(line.split()[-1] for line in f if "libcublasLt.so" in line)
+        lib, v = ctypes.CDLL(path), ctypes.c_void_p
+        lib.cublasLtMatmul.argtypes = [v] * 14 + [ctypes.c_size_t, v]
+        lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(v), ctypes.c_int, ctypes.c_uint64,
+                                                   ctypes.c_uint64, ctypes.c_int64]
+        lib.cublasLtMatmulDescSetAttribute.argtypes = [v, ctypes.c_int, v, ctypes.c_size_t]
+        lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [v, ctypes.c_int, v, ctypes.c_size_t]
+        lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [v] * 7 + [ctypes.c_int, ctypes.POINTER(_Heuristic),
+                                                                 ctypes.POINTER(ctypes.c_int)]
+        handle = v()
+        _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+        _LT.update(lib=lib, handle=handle)
+    return _LT["lib"]
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"kernels.gelu_epilogue: {what} failed (cuBLAS status {status})")
+
+
+def _set(setter, obj, attr: int, value, ctype) -> None:
+    c = ctype(value)
+    _check(setter(obj, attr, ctypes.byref(c), ctypes.sizeof(c)), f"setting attribute {attr}")
+
+
+def _plan(key: tuple) -> tuple:
+    """Descriptors and cuBLASLt's first-choice algorithm for D (m x n, column-major) = op(A) op(B) + epilogue."""
+    if key in _PLANS:
+        return _PLANS[key]
+    lib = _lib()
+    ta, tb, m, n, k, lda, ldb, ldd, dtype, epilogue, align = key
+    v = ctypes.c_void_p
+    desc, a, b, d, pref = v(), v(), v(), v(), v()
+    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _F32), "cublasLtMatmulDescCreate")
+    setd = lib.cublasLtMatmulDescSetAttribute
+    for attr, value, ctype in ((_TRANSA, ta, ctypes.c_int32), (_TRANSB, tb, ctypes.c_int32),
+                               (_EPILOGUE, epilogue, ctypes.c_uint32), (_AUX_LD, m, ctypes.c_int64),
+                               (_AUX_TYPE, dtype, ctypes.c_int32)):
+        _set(setd, desc, attr, value, ctype)
+    for lay, rows, cols, ld in ((a, *((m, k) if ta == _OP_N else (k, m)), lda),
+                                (b, *((k, n) if tb == _OP_N else (n, k)), ldb), (d, m, n, ldd)):
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld), "a matrix layout")
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+    setp = lib.cublasLtMatmulPreferenceSetAttribute
+    _set(setp, pref, _PREF_WORKSPACE, WORKSPACE, ctypes.c_uint64)
+    for attr in _PREF_ALIGN:
+        _set(setp, pref, attr, align, ctypes.c_uint32)
+    found, count = _Heuristic(), ctypes.c_int(0)
+    status = lib.cublasLtMatmulAlgoGetHeuristic(_LT["handle"], desc, a, b, d, d, pref, 1, ctypes.byref(found),
+                                                ctypes.byref(count))
+    if status != 0 or count.value == 0:
+        raise RuntimeError(f"kernels.gelu_epilogue: cuBLASLt has no GEMM with this epilogue for m={m} n={n} k={k} "
+                           f"on this GPU (status {status}); set kernels.gelu_epilogue=false")
+    _PLANS[key] = (desc, a, b, d, found)
+    return _PLANS[key]
+
+
+def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.Tensor:
+    """out (m x n column-major, i.e. a row-major (n, m) tensor) = op(A) op(B) with `epilogue`; A and B given as
+    row-major torch tensors in cuBLASLt's column-major terms (leading dimension = their last size)."""
+    ptrs = [t.data_ptr() for t in (a, b, out, bias, aux) if t is not None]
+    align = 256
+    while align > 16 and any(p % align for p in ptrs):
+        align //= 2
+    key = (ta, tb, m, n, k, a.shape[-1], b.shape[-1], m, _DTYPES[out.dtype], epilogue, align)
+    work = torch.empty(WORKSPACE, dtype=torch.uint8, device=out.device)
+    v = ctypes.c_void_p
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    with _LOCK:
+        lib = _lib()
+        desc, la, lb, ld, found = _plan(key)
+        if bias is not None:
+            _set(lib.cublasLtMatmulDescSetAttribute, desc, _BIAS_POINTER, bias.data_ptr(), v)
+        _set(lib.cublasLtMatmulDescSetAttribute, desc, _AUX_POINTER, aux.data_ptr(), v)
+        _check(lib.cublasLtMatmul(_LT["handle"], desc, ctypes.byref(one), v(a.data_ptr()), la, v(b.data_ptr()), lb,
+                                  ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
+                                  ctypes.byref(found.algo), v(work.data_ptr()), WORKSPACE,
+                                  v(torch.cuda.current_stream(out.device).cuda_stream)), "cublasLtMatmul")
+    return out
+
+
+def _on(device: torch.device):
+    """The tensor's GPU current while its GEMM is planned and launched, whichever is current outside."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+@torch.library.custom_op("turbotrain::linear_gelu", mutates_args=())
+def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gelu(h), h) for h = x w^T + b: x (N, C), w (H, C), b (H); one GEMM writes both."""
+    x, w, b = x.contiguous(), w.contiguous(), b.contiguous()
+    g = x.new_empty(x.shape[0], w.shape[0])
+    h = torch.empty_like(g)
+    with _on(x.device):
+        _matmul(w, _OP_T, x, _OP_N, w.shape[0], x.shape[0], x.shape[1], g, _GELU_AUX_BIAS, bias=b, aux=h)
+    return g, h
+
+
+@_linear_gelu.register_fake
+def _(x, w, b):
+    return x.new_empty(x.shape[0], w.shape[0]), x.new_empty(x.shape[0], w.shape[0])
+
+
+@torch.library.custom_op("turbotrain::gelu_linear", mutates_args=())
+def _gelu_linear(g: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """g w^T + b, where g = gelu(h): its gradient goes to h (through GELU's derivative), none to g."""
+    return torch.addmm(b, g, w.t())
+
+
+@_gelu_linear.register_fake
+def _(g, h, w, b):
+    return g.new_empty(g.shape[0], w.shape[0])
+
+
+@torch.library.custom_op("turbotrain::gelu_linear_dgrad", mutates_args=())
+def _dgrad(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """(dy w) * gelu'(h) in one GEMM: dy (N, C), w (C, H), h (N, H)."""
+    dy, w, h = dy.contiguous(), w.contiguous(), h.contiguous()
+    dh = torch.empty_like(h)
+    with _on(dy.device):
+        _matmul(w, _OP_N, dy, _OP_N, w.shape[1], dy.shape[0], dy.shape[1], dh, _DGELU, aux=h)
+    return dh
+
+
+@_dgrad.register_fake
+def _(dy, w, h):
+    return torch.empty_like(h)
+
+
+def _linear_gelu_setup(ctx, inputs, output) -> None:
+    x, w, _ = inputs
+    g, _ = output
+    ctx.mark_non_differentiable(g)  # gelu_linear sends g's gradient through h
+    ctx.save_for_backward(x, w)
+
+
+def _linear_gelu_backward(ctx, dg, dh):
+    x, w = ctx.saved_tensors
+    return dh @ w, dh.t() @ x, dh.sum(0)
+
+
+def _gelu_linear_setup(ctx, inputs, output) -> None:
+    g, h, w, _ = inputs
+    ctx.save_for_backward(g, h, w)
+
+
+def _gelu_linear_backward(ctx, dy):
+    g, h, w = ctx.saved_tensors
+    return None, torch.ops.turbotrain.gelu_linear_dgrad(dy, w, h), dy.t() @ g, dy.sum(0)
+
+
+torch.library.register_autograd("turbotrain::linear_gelu", _linear_gelu_backward, setup_context=_linear_gelu_setup)
+torch.library.register_autograd("turbotrain::gelu_linear", _gelu_linear_backward, setup_context=_gelu_linear_setup)
+LINEAR_GELU_OP = torch.ops.turbotrain.linear_gelu.default  # what selective checkpointing keeps
