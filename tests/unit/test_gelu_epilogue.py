@@ -157,3 +157,24 @@ def test_explicit_true_for_a_model_without_callers_names_the_opt_in(monkeypatch)
     cfg = cfg.__class__(**{**cfg.__dict__, "precision": cfg.precision.__class__(dtype="fp32")})
     why = _gelu_epilogue_blocker(cfg, Facts(device=torch.device("cuda"), gelu_mlp=True))
     assert 'precision.dtype = "fp32"' in why
+
+
+def test_applies_only_to_plain_linears():
+    """A converted linear (FP8's Float8Linear, a user subclass) runs its own GEMM: the epilogue path must not
+    bypass it."""
+
+    class MyLinear(torch.nn.Linear):
+        pass
+
+    assert not ge._applies(MyLinear(16, 64), torch.nn.Linear(64, 16))
+    assert not ge._applies(torch.nn.Linear(16, 64), MyLinear(64, 16))
+
+
+def test_views_at_odd_offsets_are_copied_to_an_aligned_buffer():
+    base = torch.zeros(1 + 64 * 16, dtype=torch.bfloat16)
+    view = base[1:].view(64, 16)  # 2 bytes past an aligned start
+    assert view.data_ptr() % 16
+    out = ge._aligned(view)
+    assert out.data_ptr() % 16 == 0 and torch.equal(out, view)
+    fresh = torch.zeros(64, 16, dtype=torch.bfloat16)
+    assert ge._aligned(fresh) is fresh

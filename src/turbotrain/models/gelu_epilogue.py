@@ -48,7 +48,7 @@ class _Heuristic(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
                 ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
 
 
-_LT: dict = {}  # "lib", "handle"
+_LT: dict = {}  # "lib", and a cuBLASLt handle per device index
 _PLANS: dict[tuple, tuple] = {}
 
 
@@ -80,11 +80,16 @@ def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torc
     return y.view(*shape[:-1], y.shape[-1])
 
 
-def _applies(fc: torch.nn.Linear, out: torch.nn.Linear) -> bool:
-    """Linears with biases, sizes cuBLASLt's 16-bit epilogues take (leading dimensions of multiples of 8)."""
-    return (fc.bias is not None and out.bias is not None and fc.weight.dim() == 2 and out.weight.dim() == 2
-            and fc.weight.shape[0] == out.weight.shape[1]
-            and all(n % 8 == 0 for n in (*fc.weight.shape, out.weight.shape[0])))
+def _applies(fc: torch.nn.Module, out: torch.nn.Module) -> bool:
+    """Plain nn.Linear layers (not an FP8 or other converted linear, whose own GEMM must run) holding plain
+    tensors (not sharded DTensors), with biases and sizes cuBLASLt's 16-bit epilogues take (multiples of 8)."""
+    linears = (fc, out)
+    if any(type(m) is not torch.nn.Linear or m.bias is None for m in linears):
+        return False
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for m in linears for t in (m.weight, m.bias)):
+        return False
+    return fc.weight.shape[0] == out.weight.shape[1] and all(n % 8 == 0 for n in (*fc.weight.shape,
+                                                                                  out.weight.shape[0]))
 
 
 def library_problem() -> str | None:
@@ -109,10 +114,19 @@ def _lib():
         lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [v, ctypes.c_int, v, ctypes.c_size_t]
         lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [v] * 7 + [ctypes.c_int, ctypes.POINTER(_Heuristic),
                                                                  ctypes.POINTER(ctypes.c_int)]
-        handle = v()
-        _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
-        _LT.update(lib=lib, handle=handle)
+        _LT["lib"] = lib
     return _LT["lib"]
+
+
+def _handle(device: torch.device):
+    """The device's cuBLASLt handle (created while it is current)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _LT:
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(index):
+            _check(_lib().cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+        _LT[index] = handle
+    return _LT[index]
 
 
 def _check(status: int, what: str) -> None:
@@ -130,7 +144,7 @@ def _plan(key: tuple) -> tuple:
     if key in _PLANS:
         return _PLANS[key]
     lib = _lib()
-    ta, tb, m, n, k, lda, ldb, ldd, dtype, epilogue, align = key
+    ta, tb, m, n, k, lda, ldb, ldd, dtype, epilogue, align, device = key
     v = ctypes.c_void_p
     desc, a, b, d, pref = v(), v(), v(), v(), v()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _F32), "cublasLtMatmulDescCreate")
@@ -148,11 +162,13 @@ def _plan(key: tuple) -> tuple:
     for attr in _PREF_ALIGN:
         _set(setp, pref, attr, align, ctypes.c_uint32)
     found, count = _Heuristic(), ctypes.c_int(0)
-    status = lib.cublasLtMatmulAlgoGetHeuristic(_LT["handle"], desc, a, b, d, d, pref, 1, ctypes.byref(found),
+    status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), desc, a, b, d, d, pref, 1, ctypes.byref(found),
                                                 ctypes.byref(count))
     if status != 0 or count.value == 0:
-        raise RuntimeError(f"kernels.gelu_epilogue: cuBLASLt has no GEMM with this epilogue for m={m} n={n} k={k} "
-                           f"on this GPU (status {status}); set kernels.gelu_epilogue=false")
+        from turbotrain.errors import UserError
+
+        raise UserError(f"kernels.gelu_epilogue: cuBLASLt has no GEMM with a GELU epilogue for m={m} n={n} k={k} "
+                        f"on this GPU (status {status}); set kernels.gelu_epilogue=false")
     _PLANS[key] = (desc, a, b, d, found)
     return _PLANS[key]
 
@@ -161,10 +177,10 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.
     """out (m x n column-major, i.e. a row-major (n, m) tensor) = op(A) op(B) with `epilogue`; A and B given as
     row-major torch tensors in cuBLASLt's column-major terms (leading dimension = their last size)."""
     ptrs = [t.data_ptr() for t in (a, b, out, bias, aux) if t is not None]
-    align = 256
+    align = 256  # _aligned made every pointer a multiple of 16; larger alignments let cuBLASLt pick more kernels
     while align > 16 and any(p % align for p in ptrs):
         align //= 2
-    key = (ta, tb, m, n, k, a.shape[-1], b.shape[-1], m, _DTYPES[out.dtype], epilogue, align)
+    key = (ta, tb, m, n, k, a.shape[-1], b.shape[-1], m, _DTYPES[out.dtype], epilogue, align, out.device)
     work = torch.empty(WORKSPACE, dtype=torch.uint8, device=out.device)
     v = ctypes.c_void_p
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -174,11 +190,17 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.
         if bias is not None:
             _set(lib.cublasLtMatmulDescSetAttribute, desc, _BIAS_POINTER, bias.data_ptr(), v)
         _set(lib.cublasLtMatmulDescSetAttribute, desc, _AUX_POINTER, aux.data_ptr(), v)
-        _check(lib.cublasLtMatmul(_LT["handle"], desc, ctypes.byref(one), v(a.data_ptr()), la, v(b.data_ptr()), lb,
-                                  ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
+        _check(lib.cublasLtMatmul(_handle(out.device), desc, ctypes.byref(one), v(a.data_ptr()), la,
+                                  v(b.data_ptr()), lb, ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
                                   ctypes.byref(found.algo), v(work.data_ptr()), WORKSPACE,
                                   v(torch.cuda.current_stream(out.device).cuda_stream)), "cublasLtMatmul")
     return out
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous and 16-byte aligned, as cuBLASLt's 16-bit kernels read it (a view at an odd offset is copied)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _on(device: torch.device):
@@ -189,7 +211,7 @@ def _on(device: torch.device):
 @torch.library.custom_op("turbotrain::linear_gelu", mutates_args=())
 def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x w^T + b: x (N, C), w (H, C), b (H); one GEMM writes both."""
-    x, w, b = x.contiguous(), w.contiguous(), b.contiguous()
+    x, w, b = (_aligned(t) for t in (x, w, b))
     g = x.new_empty(x.shape[0], w.shape[0])
     h = torch.empty_like(g)
     with _on(x.device):
@@ -216,7 +238,7 @@ def _(g, h, w, b):
 @torch.library.custom_op("turbotrain::gelu_linear_dgrad", mutates_args=())
 def _dgrad(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """(dy w) * gelu'(h) in one GEMM: dy (N, C), w (C, H), h (N, H)."""
-    dy, w, h = dy.contiguous(), w.contiguous(), h.contiguous()
+    dy, w, h = (_aligned(t) for t in (dy, w, h))
     dh = torch.empty_like(h)
     with _on(dy.device):
         _matmul(w, _OP_N, dy, _OP_N, w.shape[1], dy.shape[0], dy.shape[1], dh, _DGELU, aux=h)
