@@ -20,6 +20,7 @@ from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
 from turbotrain.models import args_from_data
+from turbotrain.models.gelu_epilogue import applies_in as gelu_applies_in
 from turbotrain.models.gelu_epilogue import callers as gelu_callers
 from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
@@ -48,6 +49,7 @@ class Facts:
     qkv_attention: bool = False  # the model calls models.packed_attention.qkv_attention (kernels.packed_attention)
     attention_dropout: float = 0.0  # the largest dropout of those calls (the packed op runs without)
     gelu_mlp: bool = False  # the model calls models.gelu_epilogue.gelu_mlp (kernels.gelu_epilogue)
+    gelu_mlp_applies: bool = False  # ... with linears the epilogues take (plain, biased, sizes of multiples of 8)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -68,7 +70,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  convnet_targets=convnet_targets(model, device),
                  qkv_attention=bool(callers(model)),
                  attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0),
-                 gelu_mlp=bool(gelu_callers(model)))
+                 gelu_mlp=bool(gelu_callers(model)), gelu_mlp_applies=gelu_applies_in(model))
 
 
 def _dropout_of(module: nn.Module) -> float:
@@ -353,13 +355,16 @@ def _packed_attention_blocker(cfg: Config, facts: Facts) -> str | None:
 
 def _resolve_gelu_epilogue(c: _Changes, facts: Facts) -> None:
     """"auto": on a Hopper or newer GPU (where it was measured to pay) for a model that calls gelu_mlp, in
-    bf16/fp16; an explicit true where it cannot run is an error."""
+    bf16/fp16, and not under selective checkpointing (which would keep both GELU GEMM outputs, h and gelu(h), where
+    the plain MLP keeps h alone); an explicit true where it cannot run is an error."""
     setting = c.cfg.kernels.gelu_epilogue
     if setting is False:
         return
     blocker = _gelu_epilogue_blocker(c.cfg, facts)
     if setting == "auto":
-        c.set("kernels", "gelu_epilogue", blocker is None and (_capability(facts.device) or (0, 0))[0] >= 9)
+        hopper = (_capability(facts.device) or (0, 0))[0] >= 9
+        selective = c.cfg.memory.activation_checkpointing == "selective"
+        c.set("kernels", "gelu_epilogue", blocker is None and hopper and not selective)
     elif blocker:
         raise UserError(f"kernels.gelu_epilogue = true {blocker}; set kernels.gelu_epilogue=false")
 
@@ -371,7 +376,13 @@ def _gelu_epilogue_blocker(cfg: Config, facts: Facts) -> str | None:
         return f"runs cuBLASLt's GEMM epilogues, which need a CUDA GPU (this run is on {facts.device.type})"
     if not facts.gelu_mlp:
         return ("applies to modules that call turbotrain.models.gelu_epilogue.gelu_mlp and say so with a class "
-                "attribute `calls_gelu_mlp = True` (turbotrain's GPT blocks do); this model has none")
+                "attribute `calls_gelu_mlp = (\"fc\", \"out\")` naming the two linears (turbotrain's GPT blocks "
+                "do); this model has none")
+    if not facts.gelu_mlp_applies:
+        return ("takes plain nn.Linear layers with biases and sizes of multiples of 8; this model's MLP linears "
+                "are not such (every call would run the plain MLP)")
+    if cfg.precision.fp8 != "off":
+        return f"replaces the MLP's GEMMs, which precision.fp8 = \"{cfg.precision.fp8}\" runs in FP8 instead"
     if cfg.precision.dtype in ("fp32", "tf32"):  # resolved by then: "auto" is bf16 or fp16 on a GPU
         return f"runs in bf16 or fp16, but precision.dtype = \"{cfg.precision.dtype}\"; set precision.dtype=\"bf16\""
     problem = library_problem()

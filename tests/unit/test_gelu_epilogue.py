@@ -145,18 +145,40 @@ def test_explicit_true_on_a_cpu_is_one_error_line(tmp_path, capsys):
 
 
 def test_explicit_true_for_a_model_without_callers_names_the_opt_in(monkeypatch):
+    import turbotrain.resolve as resolve
     from turbotrain.config import Config
     from turbotrain.resolve import Facts, _gelu_epilogue_blocker
 
-    import turbotrain.resolve as resolve
-
     monkeypatch.setattr(resolve, "_capability", lambda device: (9, 0))
     why = _gelu_epilogue_blocker(Config(), Facts(device=torch.device("cuda"), gelu_mlp=False))
-    assert "calls_gelu_mlp = True" in why
+    assert 'calls_gelu_mlp = ("fc", "out")' in why
     cfg = Config()
     cfg = cfg.__class__(**{**cfg.__dict__, "precision": cfg.precision.__class__(dtype="fp32")})
-    why = _gelu_epilogue_blocker(cfg, Facts(device=torch.device("cuda"), gelu_mlp=True))
+    why = _gelu_epilogue_blocker(cfg, Facts(device=torch.device("cuda"), gelu_mlp=True, gelu_mlp_applies=True))
     assert 'precision.dtype = "fp32"' in why
+    why = _gelu_epilogue_blocker(Config(), Facts(device=torch.device("cuda"), gelu_mlp=True))
+    assert "plain nn.Linear layers with biases and sizes of multiples of 8" in why
+
+
+def test_applies_in_reads_the_named_linears():
+    m = gpt.build(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    assert ge.applies_in(m)
+    odd = gpt.build(vocab_size=64, block_size=16, n_layer=1, n_head=3, n_embd=36)  # 36 and 144: not multiples of 8
+    assert ge.callers(odd) and not ge.applies_in(odd)
+    nobias = gpt.build(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, bias=False)
+    assert not ge.applies_in(nobias)
+
+
+def test_a_wrong_input_width_is_torchs_own_shape_error():
+    fc, out = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+    with ge.gelu_epilogue(True), pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        ge.gelu_mlp(torch.randn(4, 8), fc, out)
+
+
+def test_selective_checkpointing_keeps_both_epilogue_ops():
+    from turbotrain.accel import activation_ckpt
+
+    assert set(ge.SAVE_OPS) <= activation_ckpt._SAVE_OPS
 
 
 def test_applies_only_to_plain_linears():
@@ -178,3 +200,21 @@ def test_views_at_odd_offsets_are_copied_to_an_aligned_buffer():
     assert out.data_ptr() % 16 == 0 and torch.equal(out, view)
     fresh = torch.zeros(64, 16, dtype=torch.bfloat16)
     assert ge._aligned(fresh) is fresh
+
+
+@pytest.mark.parametrize("ckpt, fp8, expected", [("none", "off", True), ("selective", "off", False),
+                                                 ("full", "off", True), ("none", "tensorwise", False)])
+def test_auto_on_a_hopper_is_off_under_selective_checkpointing_and_fp8(monkeypatch, ckpt, fp8, expected):
+    """Selective checkpointing would keep h and gelu(h) (the plain MLP keeps h); FP8 runs the MLP's GEMMs itself."""
+    import turbotrain.resolve as resolve
+    from turbotrain.config import Config
+    from turbotrain.resolve import Facts, _Changes, _resolve_gelu_epilogue
+
+    monkeypatch.setattr(resolve, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(ge, "library_problem", lambda: None)
+    cfg = Config()
+    cfg = cfg.__class__(**{**cfg.__dict__, "precision": cfg.precision.__class__(dtype="bf16", fp8=fp8),
+                           "memory": cfg.memory.__class__(activation_checkpointing=ckpt)})
+    c = _Changes(cfg)
+    _resolve_gelu_epilogue(c, Facts(device=torch.device("cuda"), gelu_mlp=True, gelu_mlp_applies=True))
+    assert c.cfg.kernels.gelu_epilogue is expected

@@ -46,7 +46,7 @@ _SAVE_OPS = {
 if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
     _SAVE_OPS.add(_aten._scaled_dot_product_flash_attention_for_cpu.default)
 _SAVE_OPS.add(packed_attention.QKV_ATTENTION_OP)  # kernels.packed_attention
-_SAVE_OPS.add(gelu_epilogue.LINEAR_GELU_OP)  # kernels.gelu_epilogue
+_SAVE_OPS.update(gelu_epilogue.SAVE_OPS)  # kernels.gelu_epilogue
 
 
 def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:

@@ -56,9 +56,10 @@ class KernelsConfig:
     gelu_epilogue: bool | Literal["auto"] = "auto"
     """A GELU MLP's GELU and its gradient computed in the epilogues of GEMMs that run anyway (cuBLASLt, the
     library torch loaded): no GELU kernels of their own. For modules that call
-    `turbotrain.models.gelu_epilogue.gelu_mlp` and set `calls_gelu_mlp = True` (turbotrain's GPT blocks); tanh
-    GELU, linears with biases and sizes of multiples of 8, bf16/fp16
-    ("auto": on a Hopper or newer GPU; measured in docs/benchmarks.md)."""
+    `turbotrain.models.gelu_epilogue.gelu_mlp` and name its linears in `calls_gelu_mlp = ("fc", "out")`
+    (turbotrain's GPT blocks); tanh GELU, plain nn.Linear layers with biases and sizes of multiples of 8, bf16/fp16,
+    no FP8 ("auto": on a Hopper or newer GPU, but not under selective checkpointing, where it would keep more
+    activations; measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d
@@ -66,16 +67,15 @@ class KernelsConfig:
     GPU, for models with any of them; measured in docs/benchmarks.md)."""
 
 
-def model_ops(kernels: KernelsConfig) -> contextlib.ExitStack:
+@contextlib.contextmanager
+def model_ops(kernels: KernelsConfig):
     """`with model_ops(cfg.kernels): train...` — the ops models opt into (kernels.packed_attention,
     kernels.gelu_epilogue) run where the resolved config turns them on; the model's plain code elsewhere."""
     from turbotrain.models.gelu_epilogue import gelu_epilogue
     from turbotrain.models.packed_attention import packed_attention
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(packed_attention(kernels.packed_attention is True))
-    stack.enter_context(gelu_epilogue(kernels.gelu_epilogue is True))
-    return stack
+    with packed_attention(kernels.packed_attention is True), gelu_epilogue(kernels.gelu_epilogue is True):
+        yield
 
 
 def attention_backend(setting: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -10,12 +10,12 @@ The math is GPT-2's tanh GELU, as `F.gelu(approximate="tanh")`; the epilogue app
 before rounding (torch rounds h to bf16 first), a difference within bf16's own rounding.
 
 Models opt in by calling `gelu_mlp(x, fc, out)` where they would write `out(F.gelu(fc(x), approximate="tanh"))`
-and saying so (`calls_gelu_mlp = True`; turbotrain's GPT blocks do). It runs the epilogue ops while
-`gelu_epilogue(True)` is in force, on CUDA tensors of bf16/fp16 (autocast's or their own), for linears with
-biases and sizes that are multiples of 8; the plain expression otherwise, so the model is the same model
-everywhere. The ops are `torch.library.custom_op`s with fake implementations and autograd registered on them:
-they trace under `torch.compile(fullgraph=True)`, and CUDA graphs capture them (each call runs on the current
-stream).
+and naming the two linears (`calls_gelu_mlp = ("fc", "out")`, attribute names; turbotrain's GPT blocks do). It
+runs the epilogue ops while `gelu_epilogue(True)` is in force, on CUDA tensors of bf16/fp16 (autocast's or their
+own), for plain nn.Linear layers with biases and sizes that are multiples of 8; the plain expression otherwise, so
+the model is the same model everywhere. The ops are `torch.library.custom_op`s with fake implementations and
+autograd registered on them: they trace under `torch.compile(fullgraph=True)`, and CUDA graphs capture them (each
+call runs on the current stream). Double backward (`create_graph=True`) is not supported: turn the setting off.
 
 cuBLASLt is called through ctypes on the copy of the library torch itself loaded: no package to install.
 Each shape's algorithm is cuBLASLt's first heuristic choice, so a rerun (or a resumed run) runs the same kernels.
@@ -64,15 +64,27 @@ def gelu_epilogue(enabled: bool):
 
 
 def callers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules of `model` that call gelu_mlp (they say so: `calls_gelu_mlp = True`)."""
+    """The modules of `model` that call gelu_mlp (they say so: `calls_gelu_mlp = ("fc", "out")`)."""
     return [m for m in model.modules() if getattr(m, "calls_gelu_mlp", False)]
+
+
+def applies_in(model: torch.nn.Module) -> bool:
+    """Whether some caller's named linears are ones the epilogues take (else every call runs the plain MLP)."""
+    for m in callers(model):
+        names = m.calls_gelu_mlp
+        if not (isinstance(names, tuple) and len(names) == 2 and all(isinstance(n, str) for n in names)):
+            return True  # a caller that does not name its linears: assumed to pass ones that apply
+        if _applies(getattr(m, names[0], None), getattr(m, names[1], None)):
+            return True
+    return False
 
 
 def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
     """`out(F.gelu(fc(x), approximate="tanh"))`, with the GELU in the GEMMs' epilogues where that applies."""
-    dt = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-    if not (_STATE["on"] and x.is_cuda and dt in _DTYPES and _applies(fc, out)):
-        return out(F.gelu(fc(x), approximate="tanh"))
+    autocast = torch.is_autocast_enabled("cuda") and x.dtype in (torch.float32, *_DTYPES)  # as autocast casts
+    dt = torch.get_autocast_dtype("cuda") if autocast else x.dtype
+    if not (_STATE["on"] and x.is_cuda and dt in _DTYPES and _applies(fc, out) and x.shape[-1] == fc.in_features):
+        return out(F.gelu(fc(x), approximate="tanh"))  # also where x's width is wrong: torch's own shape error
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).to(dt)
     g, h = torch.ops.turbotrain.linear_gelu(x2, fc.weight.to(dt), fc.bias.to(dt))
@@ -80,7 +92,7 @@ def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torc
     return y.view(*shape[:-1], y.shape[-1])
 
 
-def _applies(fc: torch.nn.Module, out: torch.nn.Module) -> bool:
+def _applies(fc: torch.nn.Module | None, out: torch.nn.Module | None) -> bool:
     """Plain nn.Linear layers (not an FP8 or other converted linear, whose own GEMM must run) holding plain
     tensors (not sharded DTensors), with biases and sizes cuBLASLt's 16-bit epilogues take (multiples of 8)."""
     linears = (fc, out)
@@ -105,7 +117,9 @@ def _lib():
     if "lib" not in _LT:
         torch.cuda.init()
         with open("/proc/self/maps") as f:  # the copy torch loaded, whichever CUDA it came with
-            path = next(line.split()[-1] for line in f if "libcublasLt.so" in line)
+            path = next((line.split()[-1] for line in f if "libcublasLt.so" in line), None)
+        if path is None:
+            raise OSError("no libcublasLt among the libraries this process loaded")
         lib, v = ctypes.CDLL(path), ctypes.c_void_p
         lib.cublasLtMatmul.argtypes = [v] * 14 + [ctypes.c_size_t, v]
         lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(v), ctypes.c_int, ctypes.c_uint64,
@@ -181,18 +195,18 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.
     while align > 16 and any(p % align for p in ptrs):
         align //= 2
     key = (ta, tb, m, n, k, a.shape[-1], b.shape[-1], m, _DTYPES[out.dtype], epilogue, align, out.device)
-    work = torch.empty(WORKSPACE, dtype=torch.uint8, device=out.device)
     v = ctypes.c_void_p
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     with _LOCK:
         lib = _lib()
         desc, la, lb, ld, found = _plan(key)
+        work = torch.empty(max(found.workspace, 1), dtype=torch.uint8, device=out.device)  # what the algorithm asks
         if bias is not None:
             _set(lib.cublasLtMatmulDescSetAttribute, desc, _BIAS_POINTER, bias.data_ptr(), v)
         _set(lib.cublasLtMatmulDescSetAttribute, desc, _AUX_POINTER, aux.data_ptr(), v)
         _check(lib.cublasLtMatmul(_handle(out.device), desc, ctypes.byref(one), v(a.data_ptr()), la,
                                   v(b.data_ptr()), lb, ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
-                                  ctypes.byref(found.algo), v(work.data_ptr()), WORKSPACE,
+                                  ctypes.byref(found.algo), v(work.data_ptr()), found.workspace,
                                   v(torch.cuda.current_stream(out.device).cuda_stream)), "cublasLtMatmul")
     return out
 
@@ -274,4 +288,5 @@ def _gelu_linear_backward(ctx, dy):
 
 torch.library.register_autograd("turbotrain::linear_gelu", _linear_gelu_backward, setup_context=_linear_gelu_setup)
 torch.library.register_autograd("turbotrain::gelu_linear", _gelu_linear_backward, setup_context=_gelu_linear_setup)
-LINEAR_GELU_OP = torch.ops.turbotrain.linear_gelu.default  # what selective checkpointing keeps
+# what selective checkpointing keeps: the GEMMs' outputs, as it keeps plain matmuls'
+SAVE_OPS = (torch.ops.turbotrain.linear_gelu.default, torch.ops.turbotrain.gelu_linear.default)

@@ -15,7 +15,7 @@ from turbotrain.models.packed_attention import qkv_attention
 
 class Block(nn.Module):
     calls_qkv_attention = True  # kernels.packed_attention applies (models/packed_attention.py)
-    calls_gelu_mlp = True  # kernels.gelu_epilogue applies (models/gelu_epilogue.py)
+    calls_gelu_mlp = ("fc", "out")  # kernels.gelu_epilogue applies to these linears (models/gelu_epilogue.py)
 
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
         super().__init__()
