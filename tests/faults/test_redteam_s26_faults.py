@@ -2,6 +2,7 @@
 before its fix. User code: tests/userpkg/redteam_s26_faults.py."""
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 
@@ -59,46 +60,44 @@ def test_a_callback_failing_on_the_end_checkpoint_leaves_a_finished_run_with_its
     assert run_state(load_run(run)) == "finished"
 
 
-@pytest.fixture
-def file_size_limit():
-    """`ulimit -f` set to `limit` bytes for the block (Python ignores SIGXFSZ: a write past it gets EFBIG)."""
+@contextlib.contextmanager
+def file_size_limit(size: int):
+    """`ulimit -f` set to `size` bytes inside the block (Python ignores SIGXFSZ: a write past it gets EFBIG). Given
+    back inside the test, not in a fixture's teardown: pytest writes the test's report line before teardown, and
+    its own output file (CI's log) is longer than the limit."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-
-    def limit(size: int) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
-
-    yield limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 # a 4096-wide linear model: its weights (16 KiB) pass a 8 KiB file-size limit that the run's small files stay under
 WIDE = ["model.args.dim=4096", "data.args.dim=4096", "monitor.trackers=['jsonl']", "data.eval_batches=0"]
 
 
-def test_final_and_export_past_the_file_size_limit_name_the_limit_not_free_space(tmp_path, file_size_limit):
+def test_final_and_export_past_the_file_size_limit_name_the_limit_not_free_space(tmp_path):
     """safetensors reports a write's errno only in words ("File too large (os error 27)"): final/ under
     checkpoint.every = 0 said "free space under run.out_dir"; `turbotrain export --out` said "free space or choose
     another folder" and `turbotrain report` "check permissions and free space", for a `ulimit -f` that no free
     space lifts."""
     from turbotrain.errors import UserError
     from turbotrain.export import export
+    from turbotrain.report import write_report
 
-    file_size_limit(8192)
-    with pytest.raises(UserError) as final:
+    with file_size_limit(8192), pytest.raises(UserError) as final:
         train(fault_cfg(tmp_path / "a", *WIDE, "checkpoint.every=0", "train.steps=2"))
     assert "ulimit -f" in str(final.value) and "free space under" not in str(final.value)
-    file_size_limit(2**40)
     train(fault_cfg(tmp_path / "b", *WIDE, "checkpoint.every=0", "train.steps=2"))
-    file_size_limit(8192)
-    with pytest.raises(UserError) as exported:
+    with file_size_limit(8192), pytest.raises(UserError) as exported:
         export(tmp_path / "b" / "fault", "safetensors", out=tmp_path / "out")
     assert "ulimit -f" in str(exported.value) and "free space or" not in str(exported.value)
     assert not (tmp_path / "out").exists()
-    from turbotrain.report import write_report
-
-    with pytest.raises(UserError) as report:  # report.png (tens of KiB) said "check permissions and free space"
+    # report.png (tens of KiB) said "check permissions and free space"
+    with file_size_limit(8192), pytest.raises(UserError) as report:
         write_report(tmp_path / "b" / "fault")
     assert "ulimit -f" in str(report.value) and "free space" not in str(report.value).split("not a lack of")[0]
 
