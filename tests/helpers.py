@@ -70,3 +70,29 @@ def run_bounded(cmd: list[str], timeout: float, what: str, **popen):
         out, err = proc.communicate()
         pytest.fail(f"{what} hung for {timeout:.0f} s\n{out[-2000:]}{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def compiled_gpt_losses(switch, steps: int) -> list[float]:
+    """The losses of a small GPT compiled with CUDA graphs (reduce-overhead, fullgraph), bf16 autocast, trained
+    `steps` steps inside the context manager `switch` (a model-op switch: packed attention, the GELU epilogue, or
+    off): the GPU tests' check that an op trains the same loss curve as the model's plain code."""
+    import torch
+    import torch.nn.functional as F
+
+    from turbotrain.models import gpt
+
+    torch.manual_seed(0)
+    m = gpt.build(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=256).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    step_model = torch.compile(m, mode="reduce-overhead", fullgraph=True)
+    idx = torch.randint(0, 512, (4, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    out = []
+    with switch:
+        for _ in range(steps):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(step_model(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append(loss.item())
+    return out

@@ -23,7 +23,7 @@ from turbotrain.config import Config, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
 from turbotrain.log import Heartbeat, run_progress, say
-from turbotrain.models.gelu_epilogue import callers as gelu_callers
+from turbotrain.models.gelu_epilogue import applies_in as gelu_applies_in
 from turbotrain.models.packed_attention import callers
 from turbotrain.models.structure import find_blocks, supports_fused_loss
 from turbotrain.rundir import RunConfig
@@ -70,6 +70,14 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
     return table[name]
 
 
+def _gelu_auto_gpu() -> bool:
+    """Not a GPU older than Hopper, where kernels.gelu_epilogue="auto" resolves off (unknown here: listed)."""
+    from turbotrain.resolve import _capability
+
+    cap = _capability(torch.device("cuda"))
+    return cap is None or cap[0] >= 9
+
+
 def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     from dataclasses import replace
 
@@ -87,7 +95,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
     out += ["packed_attn"] if callers(model) else []
-    out += ["gelu_epilogue"] if gelu_callers(model) else []
+    out += ["gelu_epilogue"] if gelu_applies_in(model) and _gelu_auto_gpu() else []  # else "auto" is off: a rerun
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]

@@ -379,8 +379,9 @@ def _gelu_epilogue_blocker(cfg: Config, facts: Facts) -> str | None:
                 "attribute `calls_gelu_mlp = (\"fc\", \"out\")` naming the two linears (turbotrain's GPT blocks "
                 "do); this model has none")
     if not facts.gelu_mlp_applies:
-        return ("takes plain nn.Linear layers with biases and sizes of multiples of 8; this model's MLP linears "
-                "are not such (every call would run the plain MLP)")
+        return ("takes plain nn.Linear layers with biases and sizes of multiples of 8, named by the caller's "
+                "`calls_gelu_mlp = (\"fc\", \"out\")` (two attribute names or dotted paths); no caller in this "
+                "model names two such (every call would run the plain MLP)")
     if cfg.precision.fp8 != "off":
         return f"replaces the MLP's GEMMs, which precision.fp8 = \"{cfg.precision.fp8}\" runs in FP8 instead"
     if cfg.precision.dtype in ("fp32", "tf32"):  # resolved by then: "auto" is bf16 or fp16 on a GPU

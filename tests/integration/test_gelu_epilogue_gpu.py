@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from turbotrain.models import gelu_epilogue as ge
-from turbotrain.models import gpt
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper or newer GPU")]
@@ -44,21 +43,9 @@ def test_epilogue_mlp_matches_the_plain_mlp(dtype, n):
 
 
 def _losses(on: bool) -> list[float]:
-    torch.manual_seed(0)
-    m = gpt.build(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=256).cuda()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    step_model = torch.compile(m, mode="reduce-overhead", fullgraph=True)
-    idx = torch.randint(0, 512, (4, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    out = []
-    with ge.gelu_epilogue(on):
-        for _ in range(6):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(step_model(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            out.append(loss.item())
-    return out
+    from tests.helpers import compiled_gpt_losses
+
+    return compiled_gpt_losses(ge.gelu_epilogue(on), steps=6)
 
 
 def test_compiled_gpt_with_cuda_graphs_trains_the_same():

@@ -7,9 +7,7 @@ import importlib.util
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from turbotrain.models import gpt
 from turbotrain.models import packed_attention as pa
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
@@ -59,21 +57,9 @@ def test_a_run_with_packed_attention_measures_no_sdpa_call(tmp_path, capsys):
 
 
 def _losses(packed: bool) -> list[float]:
-    torch.manual_seed(0)
-    m = gpt.build(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=256).cuda()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    step_model = torch.compile(m, mode="reduce-overhead", fullgraph=True)
-    idx = torch.randint(0, 512, (4, 129), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    out = []
-    with pa.packed_attention(packed):
-        for _ in range(4):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(step_model(idx[:, :-1]).flatten(0, 1).float(), idx[:, 1:].flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            out.append(loss.item())
-    return out
+    from tests.helpers import compiled_gpt_losses
+
+    return compiled_gpt_losses(pa.packed_attention(packed), steps=4)
 
 
 def test_compiled_gpt_with_cuda_graphs_trains_the_same():

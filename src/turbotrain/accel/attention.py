@@ -57,9 +57,9 @@ class KernelsConfig:
     """A GELU MLP's GELU and its gradient computed in the epilogues of GEMMs that run anyway (cuBLASLt, the
     library torch loaded): no GELU kernels of their own. For modules that call
     `turbotrain.models.gelu_epilogue.gelu_mlp` and name its linears in `calls_gelu_mlp = ("fc", "out")`
-    (turbotrain's GPT blocks); tanh GELU, plain nn.Linear layers with biases and sizes of multiples of 8, bf16/fp16,
-    no FP8 ("auto": on a Hopper or newer GPU, but not under selective checkpointing, where it would keep more
-    activations; measured in docs/benchmarks.md)."""
+    (attribute names or dotted paths; turbotrain's GPT blocks do); tanh GELU, plain nn.Linear layers with biases
+    and sizes of multiples of 8, bf16/fp16, no FP8 ("auto": on a Hopper or newer GPU, but not under selective
+    checkpointing, where it would keep more activations; measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d

@@ -15,7 +15,8 @@ runs the epilogue ops while `gelu_epilogue(True)` is in force, on CUDA tensors o
 own), for plain nn.Linear layers with biases and sizes that are multiples of 8; the plain expression otherwise, so
 the model is the same model everywhere. The ops are `torch.library.custom_op`s with fake implementations and
 autograd registered on them: they trace under `torch.compile(fullgraph=True)`, and CUDA graphs capture them (each
-call runs on the current stream). Double backward (`create_graph=True`) is not supported: turn the setting off.
+call runs on the current stream). Double backward (`create_graph=True`) is not supported: a backward under it
+is an error that says to turn the setting off.
 
 cuBLASLt is called through ctypes on the copy of the library torch itself loaded: no package to install.
 Each shape's algorithm is cuBLASLt's first heuristic choice, so a rerun (or a resumed run) runs the same kernels.
@@ -41,6 +42,9 @@ _GELU_AUX_BIAS, _DGELU = 32 | 128 | 4, 64 | 128
 _PREF_WORKSPACE, _PREF_ALIGN = 1, (5, 6, 7, 8)  # the last: A, B, C, D minimum alignment in bytes
 WORKSPACE = 32 << 20  # cuBLAS's own default on Hopper
 _DTYPES = {torch.bfloat16: _BF16, torch.float16: _F16}
+# batches of fewer tokens (an empty last batch, one-token evaluation) run the same math in torch: a GEMM of 0 rows
+# has nothing to plan, and one row is a vector product, not the shape the epilogue kernels are built for
+_MIN_ROWS = 2
 
 
 class _Heuristic(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
@@ -55,6 +59,9 @@ _PLANS: dict[tuple, tuple] = {}
 @contextlib.contextmanager
 def gelu_epilogue(enabled: bool):
     """`with gelu_epilogue(True): train...` — `gelu_mlp` calls run the epilogue ops where they apply."""
+    if not isinstance(enabled, int):  # bool is an int; "auto" or "false" must not read as on
+        raise TypeError(f"gelu_epilogue(enabled) takes True or False, not {enabled!r} (an unresolved \"auto\" "
+                        "is off: model_ops(kernels) enters the resolved setting)")
     before = _STATE["on"]
     _STATE["on"] = bool(enabled)
     try:
@@ -64,19 +71,33 @@ def gelu_epilogue(enabled: bool):
 
 
 def callers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules of `model` that call gelu_mlp (they say so: `calls_gelu_mlp = ("fc", "out")`)."""
-    return [m for m in model.modules() if getattr(m, "calls_gelu_mlp", False)]
+    """The modules of `model` that call gelu_mlp (they say so: `calls_gelu_mlp = ("fc", "out")`). Any value
+    but None, False or an empty sequence declares a caller; it is never asked for its truth (a tensor has none)."""
+    return [m for m in model.modules() if _declares(getattr(m, "calls_gelu_mlp", None))]
+
+
+def _declares(value) -> bool:
+    if value is None or isinstance(value, (bool, int, float)):
+        return bool(value)
+    return not (isinstance(value, (tuple, list, str)) and len(value) == 0)
+
+
+def linears_of(module: torch.nn.Module) -> tuple | None:
+    """The two modules a caller's `calls_gelu_mlp` names (a tuple or list of two attribute names, dotted paths
+    such as "mlp.fc" included), or None where it names no such two (True, one string, three names, a missing
+    attribute): such a caller is not assumed to pass linears the epilogues take."""
+    names = getattr(module, "calls_gelu_mlp", None)
+    if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(n, str) for n in names)):
+        return None
+    try:
+        return tuple(module.get_submodule(n) for n in names)
+    except AttributeError:  # a name that is no submodule (a missing attribute, a tensor, a method)
+        return None
 
 
 def applies_in(model: torch.nn.Module) -> bool:
-    """Whether some caller's named linears are ones the epilogues take (else every call runs the plain MLP)."""
-    for m in callers(model):
-        names = m.calls_gelu_mlp
-        if not (isinstance(names, tuple) and len(names) == 2 and all(isinstance(n, str) for n in names)):
-            return True  # a caller that does not name its linears: assumed to pass ones that apply
-        if _applies(getattr(m, names[0], None), getattr(m, names[1], None)):
-            return True
-    return False
+    """Whether some caller names two linears the epilogues take (else every call runs the plain MLP)."""
+    return any((mods := linears_of(m)) is not None and _applies(*mods) for m in callers(model))
 
 
 def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torch.Tensor:
@@ -100,8 +121,8 @@ def _applies(fc: torch.nn.Module | None, out: torch.nn.Module | None) -> bool:
         return False
     if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for m in linears for t in (m.weight, m.bias)):
         return False
-    return fc.weight.shape[0] == out.weight.shape[1] and all(n % 8 == 0 for n in (*fc.weight.shape,
-                                                                                  out.weight.shape[0]))
+    return fc.weight.shape[0] == out.weight.shape[1] and all(n > 0 and n % 8 == 0 for n in (*fc.weight.shape,
+                                                                                            out.weight.shape[0]))
 
 
 def library_problem() -> str | None:
@@ -225,6 +246,9 @@ def _on(device: torch.device):
 @torch.library.custom_op("turbotrain::linear_gelu", mutates_args=())
 def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x w^T + b: x (N, C), w (H, C), b (H); one GEMM writes both."""
+    if x.shape[0] < _MIN_ROWS:
+        h = torch.addmm(b, x, w.t())
+        return F.gelu(h, approximate="tanh"), h
     x, w, b = (_aligned(t) for t in (x, w, b))
     g = x.new_empty(x.shape[0], w.shape[0])
     h = torch.empty_like(g)
@@ -252,6 +276,8 @@ def _(g, h, w, b):
 @torch.library.custom_op("turbotrain::gelu_linear_dgrad", mutates_args=())
 def _dgrad(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """(dy w) * gelu'(h) in one GEMM: dy (N, C), w (C, H), h (N, H)."""
+    if dy.shape[0] < _MIN_ROWS:
+        return torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")
     dy, w, h = (_aligned(t) for t in (dy, w, h))
     dh = torch.empty_like(h)
     with _on(dy.device):
@@ -271,7 +297,18 @@ def _linear_gelu_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, w)
 
 
+def _first_order_only() -> None:
+    """Under create_graph=True (grad mode on in backward) the gradients would miss terms (g = gelu(h) takes no
+    gradient of its own, the dgrad op has no derivative): an error, never a silently wrong second derivative."""
+    if torch.is_grad_enabled():
+        from turbotrain.errors import UserError
+
+        raise UserError("kernels.gelu_epilogue does not support double backward (create_graph=True, as a "
+                        "gradient penalty or MAML needs); set kernels.gelu_epilogue=false")
+
+
 def _linear_gelu_backward(ctx, dg, dh):
+    _first_order_only()
     x, w = ctx.saved_tensors
     return dh @ w, dh.t() @ x, dh.sum(0)
 
@@ -282,6 +319,7 @@ def _gelu_linear_setup(ctx, inputs, output) -> None:
 
 
 def _gelu_linear_backward(ctx, dy):
+    _first_order_only()
     g, h, w = ctx.saved_tensors
     return None, torch.ops.turbotrain.gelu_linear_dgrad(dy, w, h), dy.t() @ g, dy.sum(0)
 
