@@ -1,6 +1,4 @@
-# session 28 call 4 (one GPU): the committed tree with kernels.gelu_epilogue — issue 16 GPT-2 row: preset (gelu epilogue
-# the preset (packed "auto" → on), the preset with packed off, HF Accelerate and Lightning Fabric with their best
-# settings, the preset again; then every GPU-marked test
+# session 28 call 4 (one GPU): the committed tree with kernels.gelu_epilogue — issue 16 GPT-2 row (preset, GELU epilogue off, Accelerate, Fabric, preset and epilogue off again), the new GPU tests, then every GPU-marked test
 python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
 cd .gpu/final; export PYTHONPATH=src:benchmarks/baselines:/tmp/site TURBOTRAIN_CACHE=$PWD/.data PYTHONUNBUFFERED=1
 mkdir -p $OUT/r; R=$OUT/r

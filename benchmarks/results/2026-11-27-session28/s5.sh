@@ -1,6 +1,4 @@
 # session 28 call 5 (one GPU, H200): the final tree — issue 16 GPT-2 row (preset, GELU epilogue off, Accelerate, Fabric, preset again), then every GPU-marked test
-# the preset (packed "auto" → on), the preset with packed off, HF Accelerate and Lightning Fabric with their best
-# settings, the preset again; then every GPU-marked test
 python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
 cd .gpu/final; export PYTHONPATH=src:benchmarks/baselines:/tmp/site TURBOTRAIN_CACHE=$PWD/.data PYTHONUNBUFFERED=1
 mkdir -p $OUT/r; R=$OUT/r
