@@ -70,12 +70,15 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
     return table[name]
 
 
-def _gelu_auto_gpu() -> bool:
-    """Not a GPU older than Hopper, where kernels.gelu_epilogue="auto" resolves off (unknown here: listed)."""
+def _gelu_auto_gpu(cfg: Config) -> bool:
+    """The run's GPU is a Hopper or newer with cuBLASLt loaded, where kernels.gelu_epilogue="auto" turns on
+    (a capability this torch cannot read: listed)."""
+    from turbotrain.models.gelu_epilogue import library_problem
     from turbotrain.resolve import _capability
+    from turbotrain.workload import resolve_device
 
-    cap = _capability(torch.device("cuda"))
-    return cap is None or cap[0] >= 9
+    cap = _capability(resolve_device(cfg.run.device))
+    return cap is None or (cap[0] >= 9 and library_problem() is None)
 
 
 def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
@@ -95,7 +98,7 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
     out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
     out += ["packed_attn"] if callers(model) else []
-    out += ["gelu_epilogue"] if gelu_applies_in(model) and _gelu_auto_gpu() else []  # else "auto" is off: a rerun
+    out += ["gelu_epilogue"] if gelu_applies_in(model) and _gelu_auto_gpu(cfg) else []  # else "auto" is off: a rerun
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]

@@ -147,6 +147,7 @@ def test_bench_lists_the_variant_only_where_auto_turns_it_on(monkeypatch, capabi
     from turbotrain.bench import default_variants
 
     monkeypatch.setattr(resolve, "_capability", lambda device: capability)
+    monkeypatch.setattr(ge, "library_problem", lambda: None)  # as on a GPU machine, where torch loaded cuBLASLt
     tiny = ["model.args.n_layer=1", "model.args.vocab_size=64", "model.args.block_size=16",
             "data.args.vocab_size=64", "data.args.seq_len=16", "data.args.size=8", "compile.enabled=false"]
     fits = load_config("gpt2-124m", [*tiny, "model.args.n_head=2", "model.args.n_embd=32"])

@@ -73,7 +73,7 @@ def _emulated_matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None):
         out.copy_((d * slope).t())
     else:
         raise AssertionError(f"unexpected epilogue {epilogue}")
-    return out
+    return True
 
 
 def _through_ops(x, fc, out):
@@ -218,3 +218,42 @@ def test_auto_on_a_hopper_is_off_under_selective_checkpointing_and_fp8(monkeypat
     c = _Changes(cfg)
     _resolve_gelu_epilogue(c, Facts(device=torch.device("cuda"), gelu_mlp=True, gelu_mlp_applies=True))
     assert c.cfg.kernels.gelu_epilogue is expected
+
+
+def test_frozen_weights_take_no_gradient_gemms(monkeypatch):
+    """Fine-tuning with the MLP frozen: the backward formulas return None for what needs no gradient."""
+    monkeypatch.setattr(ge, "_matmul", _emulated_matmul)
+    fc, out = _mlp(16, 40)
+    for p in (*fc.parameters(), *out.parameters()):
+        p.requires_grad_(False)
+    x = torch.randn(6, 16, dtype=torch.float64, requires_grad=True)
+    y = _through_ops(x, fc, out)
+    (dx,) = torch.autograd.grad(y.sum(), x)
+    (ref,) = torch.autograd.grad(_plain(x, fc, out).sum(), x)
+    torch.testing.assert_close(dx, ref, rtol=1e-12, atol=1e-12)
+    assert all(p.grad is None for p in (*fc.parameters(), *out.parameters()))
+
+
+def test_a_shape_cublaslt_has_no_kernel_for_runs_torchs_math(monkeypatch):
+    """No algorithm for a shape (an evaluation batch of another size) is no error mid-run: the ops compute the
+    same values in torch."""
+    monkeypatch.setattr(ge, "_matmul", lambda *args, **kwargs: False)
+    fc, out = _mlp(16, 40)
+    x = torch.randn(6, 16, dtype=torch.float64, requires_grad=True)
+    params = (x, fc.weight, fc.bias, out.weight, out.bias)
+    y = _through_ops(x, fc, out)
+    ref = _plain(x, fc, out)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(y.sum(), params), torch.autograd.grad(ref.sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_weights_on_another_device_run_the_plain_mlp(monkeypatch):
+    """x on a GPU and the weights elsewhere must be torch's own device error, never host pointers handed to
+    cuBLASLt: the check reads the weights' devices (a CPU stands in for the other device here)."""
+    fc, out = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+    x = torch.randn(4, 16, device="meta")  # not CPU, as x.is_cuda would be: the device test must still say no
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t.device.type == "meta"))
+    with ge.gelu_epilogue(True), pytest.raises((RuntimeError, NotImplementedError)) as e:
+        ge.gelu_mlp(x.to(torch.bfloat16), fc, out)
+    assert "turbotrain" not in str(e.value)

@@ -16,7 +16,8 @@ own), for plain nn.Linear layers with biases and sizes that are multiples of 8; 
 the model is the same model everywhere. The ops are `torch.library.custom_op`s with fake implementations and
 autograd registered on them: they trace under `torch.compile(fullgraph=True)`, and CUDA graphs capture them (each
 call runs on the current stream). Double backward (`create_graph=True`) is not supported: a backward under it
-is an error that says to turn the setting off.
+is an error that says to turn the setting off; nor are torch.func transforms (`torch.func.grad`, `vmap`) of a model
+running the ops: turn the setting off for them.
 
 cuBLASLt is called through ctypes on the copy of the library torch itself loaded: no package to install.
 Each shape's algorithm is cuBLASLt's first heuristic choice, so a rerun (or a resumed run) runs the same kernels.
@@ -91,7 +92,7 @@ def linears_of(module: torch.nn.Module) -> tuple | None:
         return None
     try:
         return tuple(module.get_submodule(n) for n in names)
-    except AttributeError:  # a name that is no submodule (a missing attribute, a tensor, a method)
+    except Exception:  # no submodule by that name, or a property that raised on the way (a model's `device`)
         return None
 
 
@@ -104,8 +105,9 @@ def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torc
     """`out(F.gelu(fc(x), approximate="tanh"))`, with the GELU in the GEMMs' epilogues where that applies."""
     autocast = torch.is_autocast_enabled("cuda") and x.dtype in (torch.float32, *_DTYPES)  # as autocast casts
     dt = torch.get_autocast_dtype("cuda") if autocast else x.dtype
-    if not (_STATE["on"] and x.is_cuda and dt in _DTYPES and _applies(fc, out) and x.shape[-1] == fc.in_features):
-        return out(F.gelu(fc(x), approximate="tanh"))  # also where x's width is wrong: torch's own shape error
+    if not (_STATE["on"] and x.is_cuda and dt in _DTYPES and _applies(fc, out) and x.shape[-1] == fc.in_features
+            and all(t.device == x.device for t in (fc.weight, fc.bias, out.weight, out.bias))):
+        return out(F.gelu(fc(x), approximate="tanh"))  # a wrong width or device: torch's own error
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).to(dt)
     g, h = torch.ops.turbotrain.linear_gelu(x2, fc.weight.to(dt), fc.bias.to(dt))
@@ -166,7 +168,8 @@ def _handle(device: torch.device):
 
 def _check(status: int, what: str) -> None:
     if status != 0:
-        raise RuntimeError(f"kernels.gelu_epilogue: {what} failed (cuBLAS status {status})")
+        raise RuntimeError(f"kernels.gelu_epilogue: {what} failed (cuBLAS status {status}); set "
+                           "kernels.gelu_epilogue=false")
 
 
 def _set(setter, obj, attr: int, value, ctype) -> None:
@@ -175,7 +178,8 @@ def _set(setter, obj, attr: int, value, ctype) -> None:
 
 
 def _plan(key: tuple) -> tuple:
-    """Descriptors and cuBLASLt's first-choice algorithm for D (m x n, column-major) = op(A) op(B) + epilogue."""
+    """Descriptors and cuBLASLt's first-choice algorithm (None: none) for D (m x n, column-major) = op(A) op(B)
+    + epilogue."""
     if key in _PLANS:
         return _PLANS[key]
     lib = _lib()
@@ -199,18 +203,16 @@ def _plan(key: tuple) -> tuple:
     found, count = _Heuristic(), ctypes.c_int(0)
     status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), desc, a, b, d, d, pref, 1, ctypes.byref(found),
                                                 ctypes.byref(count))
-    if status != 0 or count.value == 0:
-        from turbotrain.errors import UserError
-
-        raise UserError(f"kernels.gelu_epilogue: cuBLASLt has no GEMM with a GELU epilogue for m={m} n={n} k={k} "
-                        f"on this GPU (status {status}); set kernels.gelu_epilogue=false")
+    if status != 0 or count.value == 0:  # this shape has no kernel with the epilogue: the ops run torch's math
+        found = None
     _PLANS[key] = (desc, a, b, d, found)
     return _PLANS[key]
 
 
-def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.Tensor:
+def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> bool:
     """out (m x n column-major, i.e. a row-major (n, m) tensor) = op(A) op(B) with `epilogue`; A and B given as
-    row-major torch tensors in cuBLASLt's column-major terms (leading dimension = their last size)."""
+    row-major torch tensors in cuBLASLt's column-major terms (leading dimension = their last size). False where
+    cuBLASLt has no kernel for it (nothing written)."""
     ptrs = [t.data_ptr() for t in (a, b, out, bias, aux) if t is not None]
     align = 256  # _aligned made every pointer a multiple of 16; larger alignments let cuBLASLt pick more kernels
     while align > 16 and any(p % align for p in ptrs):
@@ -221,6 +223,8 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.
     with _LOCK:
         lib = _lib()
         desc, la, lb, ld, found = _plan(key)
+        if found is None:
+            return False
         work = torch.empty(max(found.workspace, 1), dtype=torch.uint8, device=out.device)  # what the algorithm asks
         if bias is not None:
             _set(lib.cublasLtMatmulDescSetAttribute, desc, _BIAS_POINTER, bias.data_ptr(), v)
@@ -229,7 +233,7 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> torch.
                                   v(b.data_ptr()), lb, ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
                                   ctypes.byref(found.algo), v(work.data_ptr()), found.workspace,
                                   v(torch.cuda.current_stream(out.device).cuda_stream)), "cublasLtMatmul")
-    return out
+    return True
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -246,15 +250,15 @@ def _on(device: torch.device):
 @torch.library.custom_op("turbotrain::linear_gelu", mutates_args=())
 def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x w^T + b: x (N, C), w (H, C), b (H); one GEMM writes both."""
-    if x.shape[0] < _MIN_ROWS:
-        h = torch.addmm(b, x, w.t())
-        return F.gelu(h, approximate="tanh"), h
-    x, w, b = (_aligned(t) for t in (x, w, b))
-    g = x.new_empty(x.shape[0], w.shape[0])
-    h = torch.empty_like(g)
-    with _on(x.device):
-        _matmul(w, _OP_T, x, _OP_N, w.shape[0], x.shape[0], x.shape[1], g, _GELU_AUX_BIAS, bias=b, aux=h)
-    return g, h
+    if x.shape[0] >= _MIN_ROWS:
+        x, w, b = (_aligned(t) for t in (x, w, b))
+        g = x.new_empty(x.shape[0], w.shape[0])
+        h = torch.empty_like(g)
+        with _on(x.device):
+            if _matmul(w, _OP_T, x, _OP_N, w.shape[0], x.shape[0], x.shape[1], g, _GELU_AUX_BIAS, bias=b, aux=h):
+                return g, h
+    h = torch.addmm(b, x, w.t())
+    return F.gelu(h, approximate="tanh"), h
 
 
 @_linear_gelu.register_fake
@@ -276,13 +280,13 @@ def _(g, h, w, b):
 @torch.library.custom_op("turbotrain::gelu_linear_dgrad", mutates_args=())
 def _dgrad(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """(dy w) * gelu'(h) in one GEMM: dy (N, C), w (C, H), h (N, H)."""
-    if dy.shape[0] < _MIN_ROWS:
-        return torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")
-    dy, w, h = (_aligned(t) for t in (dy, w, h))
-    dh = torch.empty_like(h)
-    with _on(dy.device):
-        _matmul(w, _OP_N, dy, _OP_N, w.shape[1], dy.shape[0], dy.shape[1], dh, _DGELU, aux=h)
-    return dh
+    if dy.shape[0] >= _MIN_ROWS:
+        dy, w, h = (_aligned(t) for t in (dy, w, h))
+        dh = torch.empty_like(h)
+        with _on(dy.device):
+            if _matmul(w, _OP_N, dy, _OP_N, w.shape[1], dy.shape[0], dy.shape[1], dh, _DGELU, aux=h):
+                return dh
+    return torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")
 
 
 @_dgrad.register_fake
@@ -310,7 +314,8 @@ def _first_order_only() -> None:
 def _linear_gelu_backward(ctx, dg, dh):
     _first_order_only()
     x, w = ctx.saved_tensors
-    return dh @ w, dh.t() @ x, dh.sum(0)
+    need = ctx.needs_input_grad  # frozen weights (fine-tuning) skip their GEMMs, as torch's linear does
+    return dh @ w if need[0] else None, dh.t() @ x if need[1] else None, dh.sum(0) if need[2] else None
 
 
 def _gelu_linear_setup(ctx, inputs, output) -> None:
@@ -321,7 +326,9 @@ def _gelu_linear_setup(ctx, inputs, output) -> None:
 def _gelu_linear_backward(ctx, dy):
     _first_order_only()
     g, h, w = ctx.saved_tensors
-    return None, torch.ops.turbotrain.gelu_linear_dgrad(dy, w, h), dy.t() @ g, dy.sum(0)
+    need = ctx.needs_input_grad
+    return (None, torch.ops.turbotrain.gelu_linear_dgrad(dy, w, h) if need[1] else None,
+            dy.t() @ g if need[2] else None, dy.sum(0) if need[3] else None)
 
 
 torch.library.register_autograd("turbotrain::linear_gelu", _linear_gelu_backward, setup_context=_linear_gelu_setup)
