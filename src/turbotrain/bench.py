@@ -362,6 +362,8 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
             rc = _run(args, out / f"{name}.log", what, runs_dir / name, cfg.train.steps)
             runs.append(measured(rc, out / f"{name}.log", runs_dir / name / "summary.json"))
         rows.append(_row(v, runs, variant_overrides(v, cfg)))
+        if off := _resolved_off(v, runs_dir / names[v, 0]):
+            rows[-1]["resolved_off"] = off
     for tool in compare:
         rows.append(_compare_row(tool, config, overrides, cfg, out, [names[tool, r] for r in range(repeats)]))
     _judge(rows, converge, cfg.data.name == "synthetic")
@@ -376,6 +378,24 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
                         f"{out / 'bench.md'}, each run's output in its .log there; check the config with: "
                         f"turbotrain train {config or ''} ...".replace("  ", " "))
     return result
+
+
+KERNEL_VARIANTS = {"fused_loss": "fused_loss", "packed_attn": "packed_attention", "gelu_epilogue": "gelu_epilogue",
+                   "convnet": "convnet"}  # variants that turn a kernel "auto" (or on): the key the run resolved
+
+
+def _resolved_off(variant: str, run_dir: Path) -> str | None:
+    """For a kernel's variant whose run resolved that kernel off (a CPU, an older GPU, a model it does not apply
+    to), what to say: the row then measures the baseline's other settings under the kernel's name."""
+    import tomllib
+
+    key = KERNEL_VARIANTS.get(variant)
+    try:
+        value = tomllib.loads((run_dir / "config.toml").read_text())["kernels"][key] if key else None
+    except (OSError, ValueError, KeyError, TypeError):  # the run failed before writing it: its error says why
+        return None
+    return f"kernels.{key} resolved off on this run (its config.toml): measured without it" if value is False \
+        else None
 
 
 def _run_name(run_name: str, variant: str, repeat: int, repeats: int) -> str:
@@ -485,7 +505,7 @@ def _judge(rows: list[dict], converge: bool, synthetic: bool = False) -> None:
             continue
         r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
         r["mem_saving"] = 1 - r["peak_mem_gib"] / base["peak_mem_gib"] if base["peak_mem_gib"] else None
-        notes = []
+        notes = [r["resolved_off"]] if r.get("resolved_off") else []
         if r is not base and r["speedup"] < 0.97:
             notes.append(f"slower than baseline ({r['speedup']:.2f}x)")
         elif r is not base and r["speedup"] < 1.0:  # within run-to-run noise, yet no gain: never a plain "ok"
