@@ -41,7 +41,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     """"adamw" | "adam" (betas 0.9, 0.95) | "sgd" (momentum 0.9) | "pkg.module:factory"
     (factory(param_groups, lr=, weight_decay=))."""
-    optimizer_impl: Literal["auto", "fused", "foreach", "for"] = "auto"
+    optimizer_impl: Literal["auto", "triton", "fused", "foreach", "for"] = "auto"
     """Optimizer kernel: "auto" takes the fused kernel on a GPU, foreach elsewhere."""
     lr: float = 3e-4
     """Peak learning rate."""

@@ -43,6 +43,12 @@ def build_optimizer(
     if impl == "fused" and not fused_ok:
         say(f"optimizer: fused {name} is not available here; using foreach")
         impl = "foreach"
+    if impl == "triton":
+        from turbotrain.accel.triton_adamw import TritonAdamW
+
+        opt = TritonAdamW(_param_groups(model, weight_decay), **kwargs)
+        say(f"optimizer: {name} (triton), lr {lr:g}, weight decay {weight_decay:g}")
+        return opt
     if impl == "fused":
         kwargs["fused"] = True
     elif impl == "foreach":
@@ -101,7 +107,10 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
     # no dtype argument, as torch's own clip: asking for fp32 norms here cost a DDP step several times what
     # torch's clip costs (benchmarks/NOTES.md, session 4); the norms are summed in fp32 below
-    total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
+    sq_sum = getattr(opt, "grad_sq_sum", None)  # TritonAdamW's one-kernel sum of squares, where it takes these
+    total_sq = sq_sum(local) if sq_sum else None
+    if total_sq is None:
+        total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
     sharded = [g for g in grads if isinstance(g, DTensor)]
     if sharded:  # FSDP2: Shard(0) DTensors; HSDP: (Replicate, Shard(0)) on a 2-D mesh
         placements = sharded[0].placements
@@ -124,7 +133,10 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
 
 def folds_clip(opt: torch.optim.Optimizer) -> bool:
     """True for torch's fused Adam/AdamW/SGD: their kernels take a `grad_scale` tensor to divide gradients by."""
-    return type(opt) in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) and bool(opt.defaults.get("fused"))
+    from turbotrain.accel.triton_adamw import TritonAdamW
+
+    return (type(opt) in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) and bool(opt.defaults.get("fused"))
+            or type(opt) is TritonAdamW)
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float = 0.1) -> float:
