@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from turbotrain.accel.convnet import convnet_targets
+from turbotrain.accel.triton_adamw import triton_problem
 from turbotrain.config import Config, literal, load_config
 from turbotrain.errors import UserError
 from turbotrain.files import make_dir
@@ -51,6 +52,7 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "channels_last": ["memory.channels_last=true"],
         "act_ckpt": ['memory.activation_checkpointing="full"'],
         "fused_opt": ['train.optimizer_impl="fused"'],
+        "triton_opt": ['train.optimizer_impl="triton"'],  # adamw's one-launch kernel (accel/triton_adamw.py)
         "fused_loss": ['kernels.fused_loss="auto"'],  # on where the model and config allow it
         # the packed op runs in bf16/fp16 only: read this row against the bf16 one
         "packed_attn": ["precision.dtype=bf16", 'kernels.packed_attention="auto"'],
@@ -96,7 +98,9 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
         return ["baseline", "bf16"] + (["accum"] if cfg.data.batch_size % 2 == 0 else []) + ["workers"] \
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
-    out += ["fused_opt", "workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
+    triton_opt = cfg.train.optimizer == "adamw" and not triton_problem(torch.device("cuda"))
+    out += ["fused_opt"] + (["triton_opt"] if triton_opt else [])
+    out += ["workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
     out += ["packed_attn"] if callers(model) else []
     out += ["gelu_epilogue"] if gelu_applies_in(model) and _gelu_auto_gpu(cfg) else []  # else "auto" is off: a rerun
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])

@@ -9,6 +9,7 @@ import subprocess
 
 import torch
 
+from turbotrain.accel.optim import auto_impl
 from turbotrain.accel.precision import resolve_dtype
 from turbotrain.monitor.flops import peak_flops
 from turbotrain.monitor.nvml import GpuStats
@@ -35,7 +36,7 @@ def describe_env() -> dict:
     info["recommended"] = {
         "precision.dtype": dtype,
         "compile.enabled": cuda,
-        "train.optimizer_impl": "fused" if cuda else "foreach",
+        "train.optimizer_impl": auto_impl("adamw", device),
         "memory.channels_last": "auto (on for convnets on GPU)",
     }
     info["peak_tflops"] = {d: (round(p / 1e12, 1) if (p := peak_flops(device, d)) else None)

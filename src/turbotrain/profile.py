@@ -57,6 +57,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from turbotrain.accel import precision
 from turbotrain.accel.attention import attention_backend, model_ops
 from turbotrain.accel.compile import compile_stats
+from turbotrain.accel.triton_adamw import TritonAdamW, triton_problem
 from turbotrain.bench import Interrupted, interrupts
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.config import Config
@@ -523,8 +524,8 @@ def optimizer_facts(opt: torch.optim.Optimizer) -> dict:
     writes every step besides the parameters and gradients)."""
     d = opt.defaults
     # foreach=None is torch's own choice: foreach on CUDA, the per-tensor loop on a CPU
-    impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for" if d.get("foreach") is False \
-        else "torch default"
+    impl = "triton" if isinstance(opt, TritonAdamW) else "fused" if d.get("fused") else "foreach" if d.get("foreach") \
+        else "for" if d.get("foreach") is False else "torch default"
     params = sum(p.numel() for g in opt.param_groups for p in g["params"])
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     return {"name": type(opt).__name__, "impl": impl, "params": params, "state_mib": round(state / 2**20, 1)}
@@ -535,15 +536,20 @@ def _optimizer_advice(run: Run, share: float) -> list[dict]:
     f = optimizer_facts(tr.opt)
     size = (f"{f['name']} ({f['impl']}) updates {_count(f['params'])} parameters and "
             f"{f['state_mib']:g} MiB of optimizer state every step")
-    if type(tr.opt) in FUSED_KERNELS and tr.device.type in ("cpu", "cuda") and f["impl"] != "fused":
+    if type(tr.opt) in FUSED_KERNELS and tr.device.type in ("cpu", "cuda") and f["impl"] not in ("fused", "triton"):
         why = (f"the optimizer is {share:.0%} of the step: {size}; the fused kernel does each parameter's whole "
                "update in one pass instead of one pass per operation")
         recs.append(_tip(f"pass fused=True to torch.optim.{f['name']} in {spec}", why, share) if ":" in spec
                     else _rec('train.optimizer_impl="fused"', why, share))
+    elif (type(tr.opt) is torch.optim.AdamW and spec == "adamw" and f["impl"] == "fused"
+          and not triton_problem(tr.device)):
+        recs.append(_rec('train.optimizer_impl="triton"', f"the optimizer is {share:.0%} of the step: {size}; the "
+                         "Triton kernel updates every parameter in one launch, nearer the memory's copy rate than "
+                         "torch's fused kernel (the same math and state)", share))
     elif f["impl"] == "for" and ":" not in spec:
         recs.append(_rec('train.optimizer_impl="foreach"', f"the optimizer is {share:.0%} of the step: {size} one "
                          "tensor at a time; foreach batches the tensors", share))
-    elif not type(tr.opt).__module__.startswith("torch."):  # the user's own step: no key reaches its code
+    elif not type(tr.opt).__module__.startswith(("torch.", "turbotrain.")):  # the user's own step: no key reaches it
         recs.append(_tip(f"make {f['name']}.step cheaper", f"the optimizer is {share:.0%} of the step and its step is "
                          f"the user's own ({spec}): Python run per parameter or per slice, or host bookkeeping, each "
                          "step; update all parameters at once with torch._foreach_* ops, or use a torch.optim "

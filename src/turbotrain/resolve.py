@@ -105,7 +105,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_compile(c, facts, on_gpu)
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
-    _resolve_optimizer(c, facts.device)
+    _resolve_optimizer(c, facts)
     _resolve_fused_loss(c, facts)
     _resolve_convnet(c, facts)
     _resolve_packed_attention(c, facts)
@@ -280,8 +280,9 @@ def _resolve_data(c: _Changes, facts: Facts, on_gpu: bool) -> None:
               "" if d.persistent_workers == "auto" else "data.num_workers = 0: no worker processes to keep")
 
 
-def _resolve_optimizer(c: _Changes, device: torch.device) -> None:
-    from turbotrain.accel.optim import OPTIMIZERS
+def _resolve_optimizer(c: _Changes, facts: Facts) -> None:
+    from turbotrain.accel.optim import OPTIMIZERS, auto_impl
+    from turbotrain.distributed.parallel import fsdp_sharded
 
     t = c.cfg.train
     if t.optimizer not in OPTIMIZERS:  # the user's factory picks its own kernels
@@ -289,15 +290,17 @@ def _resolve_optimizer(c: _Changes, device: torch.device) -> None:
             c.set("train", "optimizer_impl", "auto", f"{t.optimizer} builds its own optimizer")
         return
     fused_ok = "fused" in inspect.signature(OPTIMIZERS[t.optimizer]).parameters
+    device, sharded = facts.device, fsdp_sharded(c.cfg.parallel, facts.world_size)
     if t.optimizer_impl == "triton":
         from turbotrain.accel.triton_adamw import triton_problem
 
-        problem = "it is AdamW's kernel" if t.optimizer != "adamw" else triton_problem(device)
+        problem = ("it is AdamW's kernel" if t.optimizer != "adamw" else "it does not step FSDP2's sharded "
+                   "parameters" if sharded else triton_problem(device))
         if problem:
             raise UserError(f"train.optimizer_impl = \"triton\" with train.optimizer = {t.optimizer!r}: {problem}; "
                             "use optimizer_impl \"fused\" or \"auto\"")
     elif t.optimizer_impl == "auto":
-        c.set("train", "optimizer_impl", "fused" if fused_ok and device.type == "cuda" else "foreach")
+        c.set("train", "optimizer_impl", auto_impl(t.optimizer, device, sharded))
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
 

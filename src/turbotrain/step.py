@@ -42,7 +42,10 @@ class TrainConfig:
     """"adamw" | "adam" (betas 0.9, 0.95) | "sgd" (momentum 0.9) | "pkg.module:factory"
     (factory(param_groups, lr=, weight_decay=))."""
     optimizer_impl: Literal["auto", "triton", "fused", "foreach", "for"] = "auto"
-    """Optimizer kernel: "auto" takes the fused kernel on a GPU, foreach elsewhere."""
+    """Optimizer kernel. "triton" (adamw on a GPU): one Triton launch updates every parameter, and one more sums the
+    gradients' squares for the clip; the state is torch's own, so checkpoints move between the kernels. "fused":
+    torch's fused kernel. "auto" takes triton for adamw on a GPU (fused under FSDP2), fused for adam and sgd on a
+    GPU, foreach elsewhere."""
     lr: float = 3e-4
     """Peak learning rate."""
     weight_decay: float = 0.1

@@ -497,8 +497,12 @@ def _loader(ctx: Ctx) -> list[Candidate]:
 def _optimizer(ctx: Ctx) -> list[Candidate]:
     if not ctx.probe.builtin_optimizer:
         return []  # the user's factory picks its own kernels
+    from turbotrain.accel.triton_adamw import triton_problem
+
+    triton = (ctx.probe.on_gpu and ctx.probe.world_size == 1 and ctx.value("train.optimizer") == "adamw"
+              and triton_problem(torch.device("cuda")) is None)  # FSDP2's shards: fused (the resolver's rule)
     return _only_new(ctx, [Candidate(f"{impl} optimizer", {"train.optimizer_impl": impl})
-                           for impl in ("fused", "foreach")])
+                           for impl in ("triton", "fused", "foreach")[0 if triton else 1:]])
 
 
 def _channels_last(ctx: Ctx) -> list[Candidate]:

@@ -23,11 +23,23 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def auto_impl(name: str, device: torch.device, sharded: bool = False) -> str:
+    """What optimizer_impl "auto" takes: AdamW's Triton kernel on a GPU (one launch over every parameter, faster
+    than torch's fused kernel: benchmarks/NOTES.md, session 29), except over FSDP2's sharded parameters; torch's
+    fused kernel for the others on a GPU; foreach elsewhere."""
+    from turbotrain.accel.triton_adamw import triton_problem
+
+    if name == "adamw" and not sharded and triton_problem(device) is None:
+        return "triton"
+    return "fused" if "fused" in inspect.signature(OPTIMIZERS[name]).parameters and device.type == "cuda" \
+        else "foreach"
+
+
 def build_optimizer(
     model: nn.Module, name: str, lr: float, weight_decay: float, device: torch.device, impl: str = "auto"
 ) -> torch.optim.Optimizer:
-    """`build_optimizer(model, "adamw", 3e-4, 0.1, device)`. impl "auto" takes the fused kernel where the
-    optimizer and device support it (one launch for all parameters), else foreach; says which. A
+    """`build_optimizer(model, "adamw", 3e-4, 0.1, device)`. impl "auto" is `auto_impl`'s; "triton" where a trainable
+    parameter is not a float32 tensor on `device` runs torch's fused kernel instead, and says so. A
     "pkg.module:factory" name builds the user's optimizer: factory(param_groups, lr=lr, weight_decay=wd)."""
     if ":" in name:
         return _user_optimizer(model, name, lr, weight_decay)
@@ -39,7 +51,9 @@ def build_optimizer(
         kwargs["betas"] = (0.9, 0.95)
     fused_ok = "fused" in inspect.signature(cls).parameters and device.type in ("cuda", "cpu")
     if impl == "auto":
-        impl = "fused" if fused_ok and device.type == "cuda" else "foreach"
+        impl = auto_impl(name, device)
+    if impl == "triton":
+        impl = _triton_or_fused(model, device)
     if impl == "fused" and not fused_ok:
         say(f"optimizer: fused {name} is not available here; using foreach")
         impl = "foreach"
@@ -47,7 +61,7 @@ def build_optimizer(
         from turbotrain.accel.triton_adamw import TritonAdamW
 
         opt = TritonAdamW(_param_groups(model, weight_decay), **kwargs)
-        say(f"optimizer: {name} (triton), lr {lr:g}, weight decay {weight_decay:g}")
+        say(f"optimizer: {name} (triton: one kernel over every parameter), lr {lr:g}, weight decay {weight_decay:g}")
         return opt
     if impl == "fused":
         kwargs["fused"] = True
@@ -61,6 +75,19 @@ def build_optimizer(
     coupled = " (L2: added to the gradient, not decoupled as under adamw)" if weight_decay and name != "adamw" else ""
     say(f"optimizer: {name} ({impl}), lr {lr:g}, weight decay {weight_decay:g}{coupled}")
     return opt
+
+
+def _triton_or_fused(model: nn.Module, device: torch.device) -> str:
+    """"triton", or "fused" (said) where a trainable parameter is not a plain float32 tensor on `device`: the kernel
+    would hand every step to torch's foreach AdamW, slower than its fused one."""
+    odd = next(((n, p) for n, p in model.named_parameters() if p.requires_grad and (
+        p.dtype != torch.float32 or p.device != device or isinstance(p, DTensor))), None)
+    if odd is None:
+        return "triton"
+    n, p = odd
+    say(f"optimizer: the Triton AdamW kernel takes float32 parameters on {device}; {n} is {str(p.dtype)[6:]} on "
+        f"{p.device}{' (sharded)' if isinstance(p, DTensor) else ''}: torch's fused AdamW runs instead")
+    return "fused"
 
 
 def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -113,7 +113,8 @@ class _TableCache:
 
 
 def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    host = torch.tensor(values, dtype=dtype)
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
 def _fits(tensors: list[torch.Tensor], device: torch.device) -> bool:

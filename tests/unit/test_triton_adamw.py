@@ -1,0 +1,213 @@
+"""TritonAdamW on a CPU: the kernels are replaced by the same block walk written in torch (reading the tables the
+host builds, resolving their pointers to the tensors), so the host path — tables, caching, the scalars handed to the
+kernel, the folded clip, the fallbacks — is checked against torch's foreach AdamW. The kernels themselves run in
+tests/integration/test_triton_adamw_gpu.py."""
+import math
+
+import pytest
+import torch
+
+from turbotrain.accel import optim as topt
+from turbotrain.accel import triton_adamw as ta
+from turbotrain.errors import UserError
+
+
+class _Launcher:
+    """Stands in for a Triton kernel: `kernel[grid](*args, **meta)` walks the blocks in torch."""
+
+    def __init__(self, fn, tensors):
+        self.fn, self.by_addr = fn, tensors
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.fn(self.by_addr, grid, *args, **meta)
+
+
+def _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, block):
+    """(program, tensor index, element slice, row -> tensor) of each program, as the kernels' `_block` finds them."""
+    assert grid == (len(blk_tensor),)
+    for b in range(grid[0]):
+        t = int(blk_tensor[b])
+        start = (b - int(first_blk[t])) * block
+        stop = min(start + block, int(numels[t]))
+        assert 0 <= start < max(stop, 1)
+        yield b, t, slice(start, stop), lambda row, t=t: by_addr[int(ptrs[row * n_tensors + t])]
+
+
+def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, scale_ptr, decay, one_minus_b1, beta2,
+           one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, BLOCK, num_warps):
+    for _, _, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
+        p, g, m, v = (at(r).view(-1) for r in range(4))
+        gs = g[sl] / scale_ptr if HAS_SCALE else g[sl]
+        p[sl] *= decay
+        m[sl] += one_minus_b1 * (gs - m[sl])
+        v[sl] = v[sl] * beta2 + one_minus_b2 * gs * gs
+        p[sl] -= step_size * (m[sl] / (v[sl].sqrt() / bc2_sqrt + eps))
+
+
+def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, out, BLOCK, num_warps):
+    for b, _, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
+        out[b] = at(0).view(-1)[sl].double().square().sum()
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """The kernels emulated; every tensor the test registers can be found by its address."""
+    tensors: dict[int, torch.Tensor] = {}
+    monkeypatch.setattr(ta, "triton_problem", lambda device: None)
+    monkeypatch.setattr(ta, "_kernels", lambda: (_Launcher(_adamw, tensors), _Launcher(_sq_sum, tensors)))
+    monkeypatch.setattr(ta, "BLOCK", 64)  # several blocks and a tail in small tensors
+
+    def register(opt):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                for t in (p, p.grad, *opt.state[p].values()):
+                    if isinstance(t, torch.Tensor) and t.dim() and t.numel():
+                        tensors[t.data_ptr()] = t
+    return register
+
+
+SHAPES = [(3, 70), (130,), (64,), (1,), (5, 5)]  # tails, exact blocks, a single element
+
+
+def _pair(seed=0, **kw):
+    torch.manual_seed(seed)
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+
+    def groups(xs):
+        return [{"params": [x for x in xs if x.dim() >= 2], "weight_decay": 0.1},
+                {"params": [x for x in xs if x.dim() < 2], "weight_decay": 0.0}]
+    a = ta.TritonAdamW(groups(ps), lr=1e-2, betas=(0.9, 0.95), **kw)
+    b = torch.optim.AdamW(groups(qs), lr=1e-2, betas=(0.9, 0.95), foreach=True, **kw)
+    return ps, qs, a, b
+
+
+def _grads(ps, qs, step, only=None):
+    g = torch.Generator().manual_seed(100 + step)
+    for i, (p, q) in enumerate(zip(ps, qs)):
+        grad = torch.randn(p.shape, generator=g)
+        if only is None or i in only:
+            p.grad, q.grad = grad.clone(), grad.clone()
+
+
+def _step(opt, params, clip, register=None):
+    """The trainer's order: the clip (folded into the kernel where the optimizer takes it), then the step."""
+    if register:
+        for group in opt.param_groups:  # a first step creates the state: register it before the kernel reads it
+            for p in group["params"]:
+                if p.grad is not None and not opt.state[p]:
+                    opt.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                        exp_avg_sq=torch.zeros_like(p))
+        register(opt)
+    norm = topt.clip_grad_norm(params, clip, opt=opt)
+    opt.step()
+    opt.__dict__.pop("grad_scale", None)
+    return norm
+
+
+@pytest.mark.parametrize("clip", [0.5, math.inf])
+def test_kernel_path_matches_torch_foreach_adamw(emulated, clip):
+    ps, qs, a, b = _pair()
+    for step in range(5):
+        _grads(ps, qs, step)
+        na = _step(a, ps, clip, emulated)
+        nb = _step(b, qs, clip)
+        torch.testing.assert_close(na, nb, rtol=1e-6, atol=0)
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert a.state_dict()["state"][0]["step"] == b.state_dict()["state"][0]["step"] == 5.0
+    assert a._tables[0].addrs and a._tables[1].addrs  # the kernel took both groups
+
+
+def test_tables_cover_every_element_once_and_are_rebuilt_only_on_change(emulated, monkeypatch):
+    rows = [[torch.randn(s) for s in SHAPES]]
+    cache = ta._TableCache()
+    table = cache.get(rows)
+    seen = [torch.zeros(t.numel(), dtype=torch.int64) for t in rows[0]]
+    for _, t, sl, _ in _blocks({}, (table.n_blocks,), table.ptrs, table.numels, table.blk_tensor, table.first_blk,
+                               table.n_tensors, ta.BLOCK):
+        seen[t][sl] += 1
+    assert all(bool((s == 1).all()) for s in seen)
+    built = []
+    monkeypatch.setattr(ta, "_to_device", lambda values, dtype, device: built.append(len(values)) or
+                        torch.tensor(values, dtype=dtype))
+    assert cache.get(rows) is cache and built == []  # same tensors: nothing rebuilt
+    rows[0][1] = torch.randn(130)  # another tensor of the same size: the pointers only
+    cache.get(rows)
+    assert built == [len(SHAPES)]
+
+
+def test_tensors_the_kernel_does_not_take_fall_back_to_torch(emulated):
+    """A non-contiguous gradient: the step runs torch's foreach AdamW, the folded clip applied first."""
+    ps, qs, a, b = _pair()
+    for step in range(3):
+        _grads(ps, qs, step)
+        ps[0].grad = ps[0].grad.t().contiguous().t()  # same values, transposed layout
+        _step(a, ps, 0.5, emulated)
+        _step(b, qs, 0.5)
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert not a._tables[0].addrs  # the kernel never took these tensors
+
+
+def test_differing_step_counts_fall_back_to_torch(emulated):
+    """A parameter that got no gradient for a step has a lower step count: one launch with one bias correction
+    would be wrong for it, so those steps run torch's foreach AdamW (and stay equal to it)."""
+    ps, qs, a, b = _pair()
+    _grads(ps, qs, 0, only={0, 1, 2, 3})  # the last parameter has no gradient at step 1
+    _step(a, ps, 0.5, emulated)
+    _step(b, qs, 0.5)
+    for step in range(1, 4):
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, emulated)
+        _step(b, qs, 0.5)
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    steps = [float(a.state[p]["step"]) for p in ps]
+    assert steps == [4.0, 4.0, 4.0, 4.0, 3.0]
+
+
+def test_state_dict_moves_between_triton_and_torch(emulated):
+    ps, qs, a, b = _pair()
+    for step in range(2):
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, emulated)
+        _step(b, qs, 0.5)
+    c = torch.optim.AdamW(b.param_groups, foreach=True)  # torch's, from TritonAdamW's checkpoint
+    c.load_state_dict(a.state_dict())
+    d = ta.TritonAdamW(a.param_groups)
+    d.load_state_dict(b.state_dict())
+    for (x, y) in ((a.state_dict(), c.state_dict()), (b.state_dict(), d.state_dict())):
+        assert x["param_groups"] == y["param_groups"]
+        for k in x["state"]:
+            for name in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(x["state"][k][name], y["state"][k][name])
+
+
+def test_explicit_triton_where_it_cannot_run_is_one_error(tmp_path):
+    from turbotrain.config import load_config
+    from turbotrain.resolve import Facts, resolve
+
+    cpu = Facts(device=torch.device("cpu"))
+    for overrides, words in ((['train.optimizer_impl="triton"'], "run on a GPU"),
+                             (['train.optimizer_impl="triton"', 'train.optimizer="sgd"'], "AdamW's kernel")):
+        with pytest.raises(UserError, match=words):
+            resolve(load_config("gpt-shakespeare", overrides), cpu)
+    assert resolve(load_config("gpt-shakespeare", []), cpu).train.optimizer_impl == "foreach"
+
+
+def test_auto_takes_triton_for_adamw_on_a_gpu_except_sharded(monkeypatch):
+    monkeypatch.setattr(ta, "triton_problem", lambda device: None if device.type == "cuda" else "no GPU")
+    gpu = torch.device("cuda")
+    assert topt.auto_impl("adamw", gpu) == "triton"
+    assert topt.auto_impl("adamw", gpu, sharded=True) == "fused"
+    assert topt.auto_impl("sgd", gpu) == "fused"
+    assert topt.auto_impl("adamw", torch.device("cpu")) == "foreach"
+
+
+def test_triton_with_half_precision_parameters_builds_torchs_fused_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(ta, "triton_problem", lambda device: None)
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    opt = topt.build_optimizer(model, "adamw", 1e-3, 0.1, torch.device("cpu"), "triton")
+    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
+    assert "weight is bfloat16" in capsys.readouterr().out
