@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from turbotrain.accel.optim import load_optimizer_state
 from turbotrain.errors import UserError
 from turbotrain.files import path_arg, room_left, sha256
 from turbotrain.log import say
@@ -853,7 +854,7 @@ class Checkpointer:
                            options=self._sd_options())
         else:
             unwrap(model).load_state_dict(state["model"])
-            opt.load_state_dict(state["optim"])
+            load_optimizer_state(opt, state["optim"])
         sched.load_state_dict(state["sched"])
         scaler.load_state_dict(state["scaler"])
         if rng is not None:

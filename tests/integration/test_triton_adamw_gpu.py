@@ -60,7 +60,8 @@ def test_state_moves_to_torchs_fused_adamw_and_back():
     for step in range(2):
         _step(a, ps, step, 1.0)
         _step(b, qs, step, 1.0)
-    b.load_state_dict(a.state_dict())  # fused: steps go to the GPU
+    topt.load_optimizer_state(b, a.state_dict())  # the trainer's resume: b stays fused, its steps go to the GPU
+    assert b.param_groups[0]["fused"] and all(st["step"].is_cuda for st in b.state.values())
     with torch.no_grad():
         for p, q in zip(ps, qs):
             q.copy_(p)
@@ -68,7 +69,8 @@ def test_state_moves_to_torchs_fused_adamw_and_back():
         _step(a, ps, step, 1.0)
         _step(b, qs, step, 1.0)
     assert max(_rel(p, q) for p, q in zip(ps, qs)) < 1e-6
-    a.load_state_dict(b.state_dict())  # back: steps return to the host
+    a.load_state_dict(b.state_dict())  # back: steps return to the host, the fallback stays foreach
+    assert a.param_groups[0]["foreach"] and not a.param_groups[0]["fused"]
     assert all(st["step"].device.type == "cpu" and float(st["step"]) == 4.0 for st in a.state.values())
     _step(a, ps, 4, 1.0)
     assert all(c.addrs for c in a._tables.values())

@@ -184,6 +184,39 @@ def test_state_dict_moves_between_triton_and_torch(emulated):
                 assert torch.equal(x["state"][k][name], y["state"][k][name])
 
 
+def test_the_trainers_load_keeps_the_kernel_it_built(emulated):
+    """torch's load_state_dict takes the saved groups' foreach/fused flags: a checkpoint of another kernel would
+    switch it. load_optimizer_state keeps this run's flags and puts the step counts where its kernel keeps them."""
+    ps, qs, a, b = _pair()
+    _grads(ps, qs, 0)
+    _step(a, ps, 0.5, emulated)
+    fused = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]} for g in b.param_groups],
+                              lr=1e-2, betas=(0.9, 0.95), fused=True)  # fused on a CPU: torch has the kernel there
+    topt.load_optimizer_state(fused, a.state_dict())
+    assert all(g["fused"] and not g["foreach"] for g in fused.param_groups)
+    a2 = ta.TritonAdamW([{"params": g["params"], "weight_decay": g["weight_decay"]} for g in a.param_groups])
+    topt.load_optimizer_state(a2, fused.state_dict())
+    assert all(g["foreach"] and not g["fused"] for g in a2.param_groups)
+    assert all(st["step"].device.type == "cpu" and float(st["step"]) == 1.0 for st in a2.state.values())
+
+
+def test_resuming_under_another_optimizer_impl(tmp_path):
+    """A checkpoint written under one train.optimizer_impl resumes under another (a run's GPU default changed
+    from fused to triton): before, torch's load switched the kernel to the saved one and a fused resume of a
+    foreach checkpoint stopped with a traceback."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "turbotrain", "train", "gpt-shakespeare", "checkpoint.every=2",
+            f"run.out_dir={str(tmp_path)!r}", "run.name='x'", "model.args.n_layer=1", "model.args.n_embd=32",
+            "model.args.n_head=2", "data.batch_size=2", "data.eval_batches=1"]
+    first = subprocess.run([*args, "train.steps=2", 'train.optimizer_impl="foreach"'], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run([*args, "train.steps=4", 'train.optimizer_impl="fused"'], capture_output=True, text=True)
+    assert again.returncode == 0 and "resumed from step 2" in again.stdout, again.stderr[-2000:]
+    assert "Traceback" not in again.stderr
+
+
 def test_explicit_triton_where_it_cannot_run_is_one_error(tmp_path):
     from turbotrain.config import load_config
     from turbotrain.resolve import Facts, resolve
@@ -211,3 +244,11 @@ def test_triton_with_half_precision_parameters_builds_torchs_fused_and_says_so(m
     opt = topt.build_optimizer(model, "adamw", 1e-3, 0.1, torch.device("cpu"), "triton")
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
     assert "weight is bfloat16" in capsys.readouterr().out
+
+
+def test_triton_takes_parameters_on_the_device_index_the_run_names(monkeypatch):
+    """The trainer names "cuda" where the parameters are on "cuda:0": the same device (torch.device compares
+    them unequal)."""
+    monkeypatch.setattr(ta, "triton_problem", lambda device: None)
+    opt = topt.build_optimizer(torch.nn.Linear(4, 4), "adamw", 1e-3, 0.1, torch.device("cpu", 0), "triton")
+    assert type(opt) is ta.TritonAdamW

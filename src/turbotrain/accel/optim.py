@@ -80,14 +80,35 @@ def build_optimizer(
 def _triton_or_fused(model: nn.Module, device: torch.device) -> str:
     """"triton", or "fused" (said) where a trainable parameter is not a plain float32 tensor on `device`: the kernel
     would hand every step to torch's foreach AdamW, slower than its fused one."""
-    odd = next(((n, p) for n, p in model.named_parameters() if p.requires_grad and (
-        p.dtype != torch.float32 or p.device != device or isinstance(p, DTensor))), None)
+    odd = next(((n, p) for n, p in model.named_parameters() if p.requires_grad and (  # "cuda" holds "cuda:0"
+        p.dtype != torch.float32 or p.device.type != device.type or isinstance(p, DTensor))), None)
     if odd is None:
         return "triton"
     n, p = odd
     say(f"optimizer: the Triton AdamW kernel takes float32 parameters on {device}; {n} is {str(p.dtype)[6:]} on "
         f"{p.device}{' (sharded)' if isinstance(p, DTensor) else ''}: torch's fused AdamW runs instead")
     return "fused"
+
+
+_KERNEL_FLAGS = ("foreach", "fused", "capturable")
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """`opt.load_state_dict(state)`, keeping this run's kernel. torch's load takes the saved groups' foreach/fused/
+    capturable flags, so a checkpoint written under another train.optimizer_impl would switch the kernel (and a
+    fused kernel would meet step counts kept on the host): the flags stay the built optimizer's, and the step
+    counts move to where its kernel keeps them (the device for fused and capturable, else the host)."""
+    flags = [{k: g[k] for k in _KERNEL_FLAGS if k in g} for g in opt.param_groups]
+    opt.load_state_dict(state)
+    for group, kept in zip(opt.param_groups, flags):
+        group.update(kept)
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            st = opt.state.get(p)
+            step = st.get("step") if st else None
+            if isinstance(step, torch.Tensor):
+                st["step"] = step.detach().to(p.device if on_device else "cpu",
+                                              torch.float32 if on_device else step.dtype)
 
 
 def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -152,8 +152,12 @@ class TritonAdamW(torch.optim.AdamW):
         return grad_sq_sum(grads, self._norm_table)
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load, which takes the saved groups' kernel flags: a state of torch's fused AdamW would make the
+        fallback steps fused ones. The flags stay foreach, and step counts (on the GPU under fused) come to the host."""
         super().load_state_dict(state_dict)
-        for st in self.state.values():  # torch's fused AdamW keeps step counts on the GPU: here they are host values
+        for group in self.param_groups:
+            group.update(foreach=True, fused=None, capturable=False)
+        for st in self.state.values():
             if isinstance(st.get("step"), torch.Tensor) and st["step"].device.type != "cpu":
                 st["step"] = st["step"].detach().to("cpu", torch.float32)
 
