@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from turbotrain.accel.optim import load_optimizer_state
+from turbotrain.accel.optim import keeping_kernel, load_optimizer_state
 from turbotrain.errors import UserError
 from turbotrain.files import path_arg, room_left, sha256
 from turbotrain.log import say
@@ -399,7 +399,7 @@ def _check_optim(opt, got, where: str = "state.pt optim") -> None:
     if len(got["param_groups"]) != len(ref["param_groups"]):
         raise CorruptCheckpoint(f"{where} has {len(got['param_groups'])} parameter groups, the optimizer "
                                 f"{len(ref['param_groups'])}")
-    shape_of = {}
+    shape_of, needs = {}, {}
     for g_ref, g_got, g_live in zip(ref["param_groups"], got["param_groups"], opt.param_groups):
         if not isinstance(g_got, dict) or not isinstance(g_got.get("params"), list) \
                 or len(g_got["params"]) != len(g_ref["params"]):
@@ -412,15 +412,43 @@ def _check_optim(opt, got, where: str = "state.pt optim") -> None:
                 _check_like(g_ref[k], g_got[k], f"{where} param_groups.{k}")
         for pid, p in zip(g_got["params"], g_live["params"]):
             shape_of[pid] = tuple(p.shape)
+            needs[pid] = _adam_state_keys(opt, g_got)  # the saved group: torch loads its hyperparameters
     for pid, st in got["state"].items():
         if pid not in shape_of or not isinstance(st, dict):
             raise CorruptCheckpoint(f"{where} holds state for an unknown parameter {pid!r}")
+        if st and needs[pid]:  # an empty state is a fresh one
+            _check_adam_state(st, needs[pid], shape_of[pid], f"{where} state {pid}")
         for k, v in st.items():
             if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != shape_of[pid]:
                 raise CorruptCheckpoint(f"{where} state {pid}.{k} has shape {list(v.shape)}, the parameter "
                                         f"{list(shape_of[pid])}")
             if not isinstance(v, (torch.Tensor, int, float, bool)) and v is not None:
                 raise CorruptCheckpoint(f"{where} state {pid}.{k} is {type(v).__name__}")
+
+
+def _adam_state_keys(opt, group: dict) -> tuple[str, ...]:
+    """The state entries torch's Adam/AdamW step reads from a parameter's non-empty state (TritonAdamW's too) under
+    `group`'s hyperparameters; other optimizers (SGD: an absent momentum buffer is a fresh one; the user's) are not
+    known here."""
+    if not isinstance(opt, torch.optim.Adam | torch.optim.AdamW):
+        return ()
+    return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group.get("amsgrad") else ())
+
+
+def _check_adam_state(st: dict, keys: tuple[str, ...], shape: tuple, where: str) -> None:
+    """What torch's Adam step reads: a partial state stops it with a KeyError, a step count below 0 divides by a
+    zero bias correction, a negative second moment's square root is NaN: the resumed weights would be NaN."""
+    for k in keys:
+        v = st.get(k)
+        if k == "step":
+            n = v.float().reshape(-1) if isinstance(v, torch.Tensor) else torch.tensor([v]) \
+                if isinstance(v, int | float) and not isinstance(v, bool) else None
+            if n is None or n.numel() != 1 or not bool(torch.isfinite(n).all()) or float(n) < 0:
+                raise CorruptCheckpoint(f"{where}.step is not a step count (a finite number >= 0)")
+        elif not isinstance(v, torch.Tensor) or tuple(v.shape) != shape:
+            raise CorruptCheckpoint(f"{where} lacks {k} as a tensor of the parameter's shape {list(shape)}")
+        elif k != "exp_avg" and v.numel() and float(v.min()) < 0:  # squares' averages (min: no mask allocated)
+            raise CorruptCheckpoint(f"{where}.{k} holds negative values (a mean of squares)")
 
 
 def _clone_tree(obj):
@@ -850,8 +878,9 @@ class Checkpointer:
         if meta["sharded"]:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
-            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
-                           options=self._sd_options())
+            with keeping_kernel(opt):  # as load_optimizer_state: the saved groups' kernel flags are not this run's
+                set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                               options=self._sd_options())
         else:
             unwrap(model).load_state_dict(state["model"])
             load_optimizer_state(opt, state["optim"])

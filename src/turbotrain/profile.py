@@ -57,7 +57,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from turbotrain.accel import precision
 from turbotrain.accel.attention import attention_backend, model_ops
 from turbotrain.accel.compile import compile_stats
-from turbotrain.accel.triton_adamw import TritonAdamW, triton_problem
+from turbotrain.accel.optim import triton_blocker
+from turbotrain.accel.triton_adamw import TritonAdamW
 from turbotrain.bench import Interrupted, interrupts
 from turbotrain.callbacks import Hooks, build_callbacks, eval_metric_fns
 from turbotrain.config import Config
@@ -541,8 +542,7 @@ def _optimizer_advice(run: Run, share: float) -> list[dict]:
                "update in one pass instead of one pass per operation")
         recs.append(_tip(f"pass fused=True to torch.optim.{f['name']} in {spec}", why, share) if ":" in spec
                     else _rec('train.optimizer_impl="fused"', why, share))
-    elif (type(tr.opt) is torch.optim.AdamW and spec == "adamw" and f["impl"] == "fused"
-          and not triton_problem(tr.device)):
+    elif type(tr.opt) is torch.optim.AdamW and f["impl"] == "fused" and not triton_blocker(spec, tr.model, tr.device):
         recs.append(_rec('train.optimizer_impl="triton"', f"the optimizer is {share:.0%} of the step: {size}; the "
                          "Triton kernel updates every parameter in one launch, nearer the memory's copy rate than "
                          "torch's fused kernel (the same math and state)", share))

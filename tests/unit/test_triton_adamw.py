@@ -238,12 +238,17 @@ def test_auto_takes_triton_for_adamw_on_a_gpu_except_sharded(monkeypatch):
     assert topt.auto_impl("adamw", torch.device("cpu")) == "foreach"
 
 
-def test_triton_with_half_precision_parameters_builds_torchs_fused_and_says_so(monkeypatch, capsys):
+def test_triton_where_its_kernel_would_not_run_builds_torchs_and_says_so(monkeypatch, capsys):
+    """Half-precision parameters, or an optimizer other than AdamW given to build_optimizer directly: the kernel
+    "auto" takes without triton (foreach on this CPU), said."""
     monkeypatch.setattr(ta, "triton_problem", lambda device: None)
-    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    opt = topt.build_optimizer(model, "adamw", 1e-3, 0.1, torch.device("cpu"), "triton")
-    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
+    opt = topt.build_optimizer(torch.nn.Linear(4, 4).to(torch.bfloat16), "adamw", 1e-3, 0.1, torch.device("cpu"),
+                               "triton")
+    assert type(opt) is torch.optim.AdamW and opt.defaults["foreach"]
     assert "weight is bfloat16" in capsys.readouterr().out
+    for name, cls in (("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)):
+        opt = topt.build_optimizer(torch.nn.Linear(4, 4), name, 1e-3, 0.1, torch.device("cpu"), "triton")
+        assert type(opt) is cls and "the kernel is AdamW's" in capsys.readouterr().out
 
 
 def test_triton_takes_parameters_on_the_device_index_the_run_names(monkeypatch):
@@ -252,3 +257,24 @@ def test_triton_takes_parameters_on_the_device_index_the_run_names(monkeypatch):
     monkeypatch.setattr(ta, "triton_problem", lambda device: None)
     opt = topt.build_optimizer(torch.nn.Linear(4, 4), "adamw", 1e-3, 0.1, torch.device("cpu", 0), "triton")
     assert type(opt) is ta.TritonAdamW
+
+
+def test_a_kernel_that_fails_to_build_leaves_the_run_on_torchs_adamw(emulated, monkeypatch, capsys):
+    """Triton compiles at the first launch, on the user's machine: where that fails (no C compiler for its launcher),
+    the run goes on with torch's foreach AdamW and norm, said once. A failure after a kernel ran is the run's."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\nmore")
+    monkeypatch.setattr(ta, "_kernels", lambda: (_Launcher(broken, {}), _Launcher(broken, {})))
+    ps, qs, a, b = _pair()
+    for step in range(3):
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, emulated)
+        _step(b, qs, 0.5)
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    out = capsys.readouterr().out
+    assert out.count("failed to build here (RuntimeError: Failed to find C compiler") == 1
+    a._built, a._broken = True, ""  # a kernel ran before: a later failure is not hidden
+    _grads(ps, qs, 3)
+    with pytest.raises(RuntimeError, match="C compiler"):
+        _step(a, ps, 0.5, emulated)

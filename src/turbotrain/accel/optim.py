@@ -1,6 +1,7 @@
 """Optimizers (fused/foreach kernels) and the LR schedule (linear warmup, then cosine or constant)."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Iterable
@@ -53,7 +54,7 @@ def build_optimizer(
     if impl == "auto":
         impl = auto_impl(name, device)
     if impl == "triton":
-        impl = _triton_or_fused(model, device)
+        impl = _triton_or_fused(name, model, device)
     if impl == "fused" and not fused_ok:
         say(f"optimizer: fused {name} is not available here; using foreach")
         impl = "foreach"
@@ -77,29 +78,62 @@ def build_optimizer(
     return opt
 
 
-def _triton_or_fused(model: nn.Module, device: torch.device) -> str:
-    """"triton", or "fused" (said) where a trainable parameter is not a plain float32 tensor on `device`: the kernel
-    would hand every step to torch's foreach AdamW, slower than its fused one."""
+def triton_blocker(name: str, model: nn.Module, device: torch.device) -> str | None:
+    """Why optimizer_impl "triton" would not run its kernel for `model` (None: it would): it is AdamW's, on a GPU with
+    triton, over plain contiguous float32 parameters. A half-precision parameter, a channels_last conv weight or an
+    FSDP2 shard would hand every step to torch's foreach AdamW, slower than its fused one."""
+    from turbotrain.accel.triton_adamw import triton_problem
+
+    if name != "adamw":
+        return f"train.optimizer = {name!r}: the kernel is AdamW's"
+    if problem := triton_problem(device):
+        return problem
     odd = next(((n, p) for n, p in model.named_parameters() if p.requires_grad and (  # "cuda" holds "cuda:0"
-        p.dtype != torch.float32 or p.device.type != device.type or isinstance(p, DTensor))), None)
+        p.dtype != torch.float32 or p.device.type != device.type or isinstance(p, DTensor)
+        or not p.is_contiguous())), None)
     if odd is None:
-        return "triton"
+        return None
     n, p = odd
-    say(f"optimizer: the Triton AdamW kernel takes float32 parameters on {device}; {n} is {str(p.dtype)[6:]} on "
-        f"{p.device}{' (sharded)' if isinstance(p, DTensor) else ''}: torch's fused AdamW runs instead")
-    return "fused"
+    what = (f"{str(p.dtype)[6:]} on {p.device}{' (sharded)' if isinstance(p, DTensor) else ''}"
+            if p.dtype != torch.float32 or p.device.type != device.type or isinstance(p, DTensor)
+            else "not contiguous (channels_last?)")
+    return f"it takes contiguous float32 parameters on {device}; {n} is {what}"
+
+
+def _triton_or_fused(name: str, model: nn.Module, device: torch.device) -> str:
+    """"triton", or (said) the kernel `auto_impl` takes where `triton_blocker` names a reason."""
+    why = triton_blocker(name, model, device)
+    if why is None:
+        return "triton"
+    fallback = auto_impl(name, device, sharded=True)  # anything but triton
+    say(f"optimizer: the Triton AdamW kernel does not run here ({why}): {fallback} runs instead")
+    return fallback
 
 
 _KERNEL_FLAGS = ("foreach", "fused", "capturable")
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
-    """`opt.load_state_dict(state)`, keeping this run's kernel. torch's load takes the saved groups' foreach/fused/
-    capturable flags, so a checkpoint written under another train.optimizer_impl would switch the kernel (and a
-    fused kernel would meet step counts kept on the host): the flags stay the built optimizer's, and the step
-    counts move to where its kernel keeps them (the device for fused and capturable, else the host)."""
+    """`opt.load_state_dict(state)`, keeping this run's kernel (`keeping_kernel`)."""
+    with keeping_kernel(opt):
+        opt.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def keeping_kernel(opt: torch.optim.Optimizer):
+    """Around a load of `opt`'s state (its own load_state_dict, or DCP's set_state_dict for FSDP2): torch's load
+    takes the saved groups' foreach/fused/capturable flags, so a checkpoint written under another
+    train.optimizer_impl would switch the kernel (and a fused kernel would meet step counts kept on the host): the
+    flags stay the built optimizer's, and the step counts move to where its kernel keeps them (the device for fused
+    and capturable, else the host)."""
     flags = [{k: g[k] for k in _KERNEL_FLAGS if k in g} for g in opt.param_groups]
-    opt.load_state_dict(state)
+    try:
+        yield
+    finally:  # a load that failed half-way leaves the flags too: the next checkpoint tried must find this run's
+        _restore_kernel(opt, flags)
+
+
+def _restore_kernel(opt: torch.optim.Optimizer, flags: list[dict]) -> None:
     for group, kept in zip(opt.param_groups, flags):
         group.update(kept)
         on_device = bool(group.get("fused") or group.get("capturable"))
@@ -107,8 +141,8 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
             st = opt.state.get(p)
             step = st.get("step") if st else None
             if isinstance(step, torch.Tensor):
-                st["step"] = step.detach().to(p.device if on_device else "cpu",
-                                              torch.float32 if on_device else step.dtype)
+                device = (p.to_local() if isinstance(p, DTensor) else p).device if on_device else "cpu"
+                st["step"] = step.detach().to(device, torch.float32 if on_device else step.dtype)
 
 
 def _user_optimizer(model: nn.Module, spec: str, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -11,14 +11,19 @@ torch.optim.AdamW's with foreach, and a checkpoint moves between the implementat
 The update is torch's foreach AdamW's, in fp32: p *= 1 - lr*wd; m += (1-b1)(g - m); v = b2*v + (1-b2)*g*g;
 p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). A `grad_scale` tensor set on the optimizer (the folded clip of
 accel/optim.clip_grad_norm, torch's fused-kernel hook) divides each gradient as it is read. A step the kernel does
-not take (a CPU or non-fp32 tensor, a non-contiguous one, step counts that differ within a group,
-amsgrad/maximize) runs torch's foreach AdamW instead, with the same state."""
+not take (a CPU or non-fp32 tensor, a non-contiguous one, amsgrad/maximize) runs torch's foreach AdamW instead,
+with the same state. Parameters of a group whose step counts differ (one got no gradient some steps: its bias
+correction is another) are one launch per step count."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import math
 
 import torch
+
+from turbotrain.log import say
 
 BLOCK = 1024  # elements a program updates, at 4 warps: larger blocks cost registers (the loads are not vectors)
 _WARPS = 4
@@ -32,6 +37,8 @@ def triton_problem(device: torch.device) -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(device) < (7, 0):
+        return "triton compiles for compute capability 7.0 and newer"
     return None
 
 
@@ -67,7 +74,7 @@ def _kernels():
         p = tl.load(p_ptr, mask=mask) * decay
         m = tl.load(m_ptr, mask=mask)
         m = m + one_minus_b1 * (g - m)
-        v = tl.load(v_ptr, mask=mask) * beta2 + one_minus_b2 * g * g
+        v = tl.load(v_ptr, mask=mask) * beta2 + one_minus_b2 * (g * g)  # addcmul's order
         p = p - step_size * tl.div_rn(m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
         tl.store(p_ptr, p, mask=mask)
         tl.store(m_ptr, m, mask=mask)
@@ -92,17 +99,25 @@ class _TableCache:
         self.addrs: tuple = ()
 
     def get(self, rows: list[list[torch.Tensor]]) -> _TableCache | None:
-        """The tables, or None where a tensor does not fit the kernels (`_fits`)."""
+        """The tables, or None where a tensor does not fit the kernels (`_fits`): checked on every call, the
+        tables' addresses alone do not say the tensors there are still contiguous fp32."""
         addrs = tuple(t.data_ptr() for row in rows for t in row)
         sizes = tuple(t.numel() for t in rows[0])
         if addrs == self.addrs and sizes == self.sizes:
-            return self
+            # the same addresses need not be the same layout: a gradient the user set to a transposed view of the
+            # old one's storage, a tensor of another dtype where a freed one was; kept only while those still fit.
+            # Parameters and gradients (rows 0-1): the optimizer's own state changes only through a load, which
+            # drops the tables
+            if all(t.is_contiguous() and t.dtype is torch.float32 for row in rows[:2] for t in row):
+                return self
+            self.addrs = ()
+            return None
         device = rows[0][0].device
         if not all(_fits(row, device) and [t.numel() for t in row] == list(sizes) for row in rows):
             return None
         if sizes != self.sizes:
             counts = [-(-n // BLOCK) for n in sizes]
-            first = [sum(counts[:i]) for i in range(len(counts))]
+            first = [0, *itertools.accumulate(counts[:-1])]
             self.n_tensors, self.n_blocks = len(sizes), sum(counts)
             self.numels = _to_device(list(sizes), torch.int64, device)
             self.blk_tensor = _to_device([i for i, c in enumerate(counts) for _ in range(c)], torch.int32, device)
@@ -110,6 +125,11 @@ class _TableCache:
         self.ptrs = _to_device(list(addrs), torch.int64, device)
         self.addrs, self.sizes = addrs, sizes
         return self
+
+
+def _on(device: torch.device):
+    """Triton launches on the current device and its stream: the tensors' device made current."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -134,8 +154,9 @@ def grad_sq_sum(grads: list[torch.Tensor], cache: _TableCache | None = None) -> 
         return None
     out = torch.empty(table.n_blocks, dtype=torch.float32, device=grads[0].device)
     _, sq_sum = _kernels()
-    sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors, out,
-                              BLOCK=BLOCK, num_warps=_WARPS)
+    with _on(out.device):
+        sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors, out,
+                                  BLOCK=BLOCK, num_warps=_WARPS)
     return out.sum()
 
 
@@ -146,15 +167,43 @@ class TritonAdamW(torch.optim.AdamW):
                  weight_decay: float = 1e-2):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
         self._tables: dict[int, _TableCache] = {}  # per param group
+        self._parts: dict[int, list] = {}  # per param group whose step counts differ: (tables, indices) per count
         self._norm_table = _TableCache()
+        self._built, self._broken = False, ""  # a launch has run; why the kernels could not be built
 
     def grad_sq_sum(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
-        return grad_sq_sum(grads, self._norm_table)
+        """The gradients' squared norm in one kernel, or None (torch's foreach norm then)."""
+        if self._broken:
+            return None
+        with self._first_build():
+            return grad_sq_sum(grads, self._norm_table)
+        return None  # the kernel failed to build: said once, torch's kernels from now on
+
+    @contextlib.contextmanager
+    def _first_build(self):
+        """Triton compiles a kernel at its first launch, on the user's machine. Where that fails (no C compiler for
+        its launcher, a GPU it cannot target) the run goes on with torch's kernels, said once; a failure after a
+        kernel has run is the run's error."""
+        try:
+            yield
+        except Exception as e:
+            if self._built:
+                raise
+            self._broken = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+            say(f"optimizer: the Triton AdamW kernels failed to build here ({self._broken}); torch's foreach AdamW "
+                "steps instead (train.optimizer_impl=\"fused\" takes torch's fused kernel)")
+        else:
+            self._built = True
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, which takes the saved groups' kernel flags: a state of torch's fused AdamW would make the
-        fallback steps fused ones. The flags stay foreach, and step counts (on the GPU under fused) come to the host."""
+        fallback steps fused ones. The flags stay foreach, step counts (on the GPU under fused) come to the host, and
+        the next step plans its launches afresh."""
         super().load_state_dict(state_dict)
+        # torch keeps a state tensor that needs no cast as the one it is given: the tables' addresses can be the
+        # same with other step counts, which are checked only where the tables change
+        self._tables.clear()
+        self._parts.clear()
         for group in self.param_groups:
             group.update(foreach=True, fused=None, capturable=False)
         for st in self.state.values():
@@ -168,62 +217,79 @@ class TritonAdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         plans = [self._plan(i, group) for i, group in enumerate(self.param_groups)]
-        if any(plan is False for plan in plans):
-            self._foreach_step()
-            return loss
+        if not self._broken and not any(plan is False for plan in plans):
+            with self._first_build():
+                self._launch(plans)
+                return loss
+        self._foreach_step()  # also where the first build failed: nothing was updated yet
+        return loss
+
+    def _launch(self, plans: list) -> None:
         scale = getattr(self, "grad_scale", None)
         adamw, _ = _kernels()
         for group, plan in zip(self.param_groups, plans):
-            if plan is None:
-                continue
-            table, steps = plan
-            torch._foreach_add_(steps, 1)
-            t = float(steps[0])
-            lr, (beta1, beta2) = float(group["lr"]), group["betas"]
-            adamw[(table.n_blocks,)](
-                table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
-                scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"], 1.0 - beta1, beta2,
-                1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t), group["eps"],
-                HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=_WARPS)
-        return loss
+            for table, steps in plan or ():
+                t = float(steps[0]) + 1
+                lr, (beta1, beta2) = float(group["lr"]), group["betas"]
+                if table.n_blocks:  # zero-size parameters count steps too (torch's do), with no blocks
+                    with _on(table.ptrs.device):
+                        adamw[(table.n_blocks,)](
+                            table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
+                            scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"],
+                            1.0 - beta1, beta2, 1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t),
+                            group["eps"], HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=_WARPS)
+                torch._foreach_add_(steps, 1)
 
     def _plan(self, i: int, group: dict):
-        """(the tables, the step counts) of the group's parameters with a gradient for the kernel; None: nothing to
-        update; False: this step runs torch's foreach AdamW."""
+        """[(the tables, the step counts)] of the group's parameters with a gradient, one launch per step count;
+        None: nothing to update; False: this step runs torch's foreach AdamW."""
         live = [p for p in group["params"] if p.grad is not None]
         if not live:
             return None
         scale = getattr(self, "grad_scale", None)
-        if (group["amsgrad"] or group["maximize"] or group["capturable"] or group["differentiable"]
+        if (group["amsgrad"] or group["maximize"] or group["capturable"] or group["differentiable"] or self._broken
                 or triton_problem(live[0].device)
                 or scale is not None and not (isinstance(scale, torch.Tensor) and scale.device == live[0].device
-                                              and scale.numel() == 1)):
+                                              and scale.numel() == 1 and scale.dtype == torch.float32)):
             return False
         states = [self.state[p] for p in live]
-        for p, st in zip(live, states):
+        fresh = False  # a state created now (a parameter's first step, a state the user dropped) can sit where a
+        for p, st in zip(live, states):  # freed one was: same addresses, another step count
             if not st:  # torch's foreach AdamW's initial state
+                fresh = True
                 st["step"] = torch.tensor(0.0, dtype=torch.float32)
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         steps = [st["step"] for st in states]
         cache = self._tables.setdefault(i, _TableCache())
         known = cache.addrs
-        table = cache.get([live, [p.grad for p in live], [st["exp_avg"] for st in states],
-                           [st["exp_avg_sq"] for st in states]])
+        rows = [live, [p.grad for p in live], [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states]]
+        table = cache.get(rows)
         if table is None:
             return False
-        if table.addrs != known and (any(s.device.type != "cpu" for s in steps)  # new tensors: their steps, once
-                                     or len({float(s) for s in steps}) != 1):
+        if table.addrs == known and not fresh:  # the same tensors as last step: they stepped together
+            parts = self._parts.get(i)
+            return [(sub, [steps[k] for k in idx]) for sub, idx in parts] if parts else [(table, steps)]
+        self._parts.pop(i, None)
+        if any(s.device.type != "cpu" for s in steps):  # new tensors: their steps, once
             cache.addrs = ()  # checked again next step
             return False
-        return table, steps
+        counts = [float(s) for s in steps]
+        if len(set(counts)) == 1:
+            return [(table, steps)]
+        # a parameter that got no gradient some steps (frozen a while, unused) counts fewer: its bias correction
+        # differs, so each step count is a launch of its own
+        self._parts[i] = [(_TableCache().get([[row[k] for k in idx] for row in rows]), idx) for idx in
+                          ([k for k, c in enumerate(counts) if c == n] for n in sorted(set(counts)))]
+        return [(sub, [steps[k] for k in idx]) for sub, idx in self._parts[i]]
 
     def _foreach_step(self) -> None:
         """torch's foreach AdamW, with a folded clip's scale applied first (torch takes it only in the fused kernel)."""
         scale = self.__dict__.pop("grad_scale", None)
-        if scale is not None:
-            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-            torch._foreach_div_(grads, scale)
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if scale is not None and grads:  # the kernel reads any one-element tensor; torch's division takes a 0-d one
+            torch._foreach_div_(grads, scale.reshape(()).to(grads[0].device) if isinstance(scale, torch.Tensor)
+                                else scale)
         try:
             super().step()
         finally:
