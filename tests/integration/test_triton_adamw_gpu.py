@@ -4,6 +4,7 @@ addresses every step), their state moves to torch's fused AdamW and back, and a 
 and trains the loss curve torch's fused kernel trains. tests/unit/test_triton_adamw.py covers the host side."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -60,7 +61,9 @@ def test_state_moves_to_torchs_fused_adamw_and_back():
     for step in range(2):
         _step(a, ps, step, 1.0)
         _step(b, qs, step, 1.0)
-    topt.load_optimizer_state(b, a.state_dict())  # the trainer's resume: b stays fused, its steps go to the GPU
+    # a copy, as a resume reads it from a file: torch's load keeps a tensor that needs no cast as the one it is given,
+    # so b would share (and update again) a's moments
+    topt.load_optimizer_state(b, copy.deepcopy(a.state_dict()))  # b stays fused, its steps go to the GPU
     assert b.param_groups[0]["fused"] and all(st["step"].is_cuda for st in b.state.values())
     with torch.no_grad():
         for p, q in zip(ps, qs):
@@ -69,7 +72,7 @@ def test_state_moves_to_torchs_fused_adamw_and_back():
         _step(a, ps, step, 1.0)
         _step(b, qs, step, 1.0)
     assert max(_rel(p, q) for p, q in zip(ps, qs)) < 1e-6
-    a.load_state_dict(b.state_dict())  # back: steps return to the host, the fallback stays foreach
+    a.load_state_dict(copy.deepcopy(b.state_dict()))  # back: steps return to the host, the fallback stays foreach
     assert a.param_groups[0]["foreach"] and not a.param_groups[0]["fused"]
     assert all(st["step"].device.type == "cpu" and float(st["step"]) == 4.0 for st in a.state.values())
     _step(a, ps, 4, 1.0)

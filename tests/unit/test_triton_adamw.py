@@ -278,3 +278,26 @@ def test_a_kernel_that_fails_to_build_leaves_the_run_on_torchs_adamw(emulated, m
     _grads(ps, qs, 3)
     with pytest.raises(RuntimeError, match="C compiler"):
         _step(a, ps, 0.5, emulated)
+
+
+def test_a_resumed_fused_adamw_continues_the_kernels_steps(emulated):
+    """The state TritonAdamW saved, loaded into torch's fused AdamW (on a CPU here) through the trainer's load:
+    the next steps are the ones TritonAdamW takes itself."""
+    import copy
+
+    ps, qs, a, b = _pair()
+    fused = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]} for g in b.param_groups],
+                              lr=1e-2, betas=(0.9, 0.95), fused=True)
+    for step in range(2):
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, emulated)
+    topt.load_optimizer_state(fused, copy.deepcopy(a.state_dict()))  # as a resume reads it: a copy
+    with torch.no_grad():
+        for p, q in zip(ps, qs):
+            q.copy_(p)
+    for step in range(2, 4):
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, emulated)
+        _step(fused, qs, 0.5)
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
