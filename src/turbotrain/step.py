@@ -44,8 +44,9 @@ class TrainConfig:
     optimizer_impl: Literal["auto", "triton", "fused", "foreach", "for"] = "auto"
     """Optimizer kernel. "triton" (adamw on a GPU): one Triton launch updates every parameter, and one more sums the
     gradients' squares for the clip; the state is torch's own, so checkpoints move between the kernels. "fused":
-    torch's fused kernel. "auto" takes triton for adamw on a GPU (fused under FSDP2), fused for adam and sgd on a
-    GPU, foreach elsewhere."""
+    torch's fused kernel. "auto" takes triton for adamw on a GPU (fused under FSDP2, and said, where a parameter is
+    not a contiguous float32 tensor: half precision, channels_last), fused for adam and sgd on a GPU, foreach
+    elsewhere."""
     lr: float = 3e-4
     """Peak learning rate."""
     weight_decay: float = 0.1
