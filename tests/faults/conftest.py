@@ -1,6 +1,8 @@
-"""Fixtures of the fused-layer red-team files (tests/faults/test_fused_*_redteam.py)."""
+"""Fixtures of the fault tests: the fused-layer red-team files (tests/faults/test_fused_*_redteam.py), a 1-rank gloo
+process group."""
 import pytest
 import torch
+import torch.distributed as dist
 
 import turbotrain.pipeline as pipeline
 from turbotrain.accel.convnet import bn_relu_pool, set_convnet_kernels
@@ -19,3 +21,13 @@ def gpu_rewrites(monkeypatch, kernels):
         set_convnet_kernels(model, on, torch.device("cuda"))
 
     monkeypatch.setattr(pipeline, "set_convnet_kernels", on_gpu)
+
+
+@pytest.fixture
+def gloo1():
+    """A 1-rank gloo process group (FSDP2 needs one), torn down after the test."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

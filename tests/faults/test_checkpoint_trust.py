@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.faults.common import (
@@ -106,15 +105,6 @@ def edit_state(path: Path, change) -> None:
     torch.save(state, path / "state.pt")
     reseal(path)
 
-
-@pytest.fixture
-def gloo1():
-    """A 1-rank gloo process group (FSDP2 needs one), torn down after the test."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 # ================================================================ 3. meta.json, manifest and state.pt are checked

@@ -9,7 +9,6 @@ import pathlib
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.unit.test_triton_adamw import _grads, _pair, _step, emulated  # noqa: F401  (the fixture)
@@ -60,14 +59,6 @@ def test_a_gradient_at_the_same_address_in_another_layout_is_not_read_as_the_old
 
 # ---------------------------------------------------------------- resuming FSDP2 under another kernel
 
-
-@pytest.fixture
-def gloo1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _sharded(**kernel):

@@ -105,6 +105,16 @@ def _step(opt, params, clip, register=None):
     return norm
 
 
+def _both(a, ps, b, qs, steps, register):
+    """The same steps through TritonAdamW `a` and torch's `b`: the parameters stay equal to fp32 rounding."""
+    for step in steps:
+        _grads(ps, qs, step)
+        _step(a, ps, 0.5, register)
+        _step(b, qs, 0.5)
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("clip", [0.5, math.inf])
 def test_kernel_path_matches_torch_foreach_adamw(emulated, clip):
     ps, qs, a, b = _pair()
@@ -157,12 +167,7 @@ def test_differing_step_counts_fall_back_to_torch(emulated):
     _grads(ps, qs, 0, only={0, 1, 2, 3})  # the last parameter has no gradient at step 1
     _step(a, ps, 0.5, emulated)
     _step(b, qs, 0.5)
-    for step in range(1, 4):
-        _grads(ps, qs, step)
-        _step(a, ps, 0.5, emulated)
-        _step(b, qs, 0.5)
-        for p, q in zip(ps, qs):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    _both(a, ps, b, qs, range(1, 4), emulated)
     steps = [float(a.state[p]["step"]) for p in ps]
     assert steps == [4.0, 4.0, 4.0, 4.0, 3.0]
 
@@ -266,12 +271,7 @@ def test_a_kernel_that_fails_to_build_leaves_the_run_on_torchs_adamw(emulated, m
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\nmore")
     monkeypatch.setattr(ta, "_kernels", lambda: (_Launcher(broken, {}), _Launcher(broken, {})))
     ps, qs, a, b = _pair()
-    for step in range(3):
-        _grads(ps, qs, step)
-        _step(a, ps, 0.5, emulated)
-        _step(b, qs, 0.5)
-        for p, q in zip(ps, qs):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    _both(a, ps, b, qs, range(3), emulated)
     out = capsys.readouterr().out
     assert out.count("failed to build here (RuntimeError: Failed to find C compiler") == 1
     a._built, a._broken = True, ""  # a kernel ran before: a later failure is not hidden
@@ -295,9 +295,4 @@ def test_a_resumed_fused_adamw_continues_the_kernels_steps(emulated):
     with torch.no_grad():
         for p, q in zip(ps, qs):
             q.copy_(p)
-    for step in range(2, 4):
-        _grads(ps, qs, step)
-        _step(a, ps, 0.5, emulated)
-        _step(fused, qs, 0.5)
-    for p, q in zip(ps, qs):
-        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    _both(a, ps, fused, qs, range(2, 4), emulated)
