@@ -447,7 +447,8 @@ def _check_adam_state(st: dict, keys: tuple[str, ...], shape: tuple, where: str)
                 raise CorruptCheckpoint(f"{where}.step is not a step count (a finite number >= 0)")
         elif not isinstance(v, torch.Tensor) or tuple(v.shape) != shape:
             raise CorruptCheckpoint(f"{where} lacks {k} as a tensor of the parameter's shape {list(shape)}")
-        elif k != "exp_avg" and v.numel() and float(v.min()) < 0:  # squares' averages (min: no mask allocated)
+        elif k != "exp_avg" and v.numel() and float((torch.view_as_real(v) if v.is_complex() else v).min()) < 0:
+            # squares' averages (a complex parameter's: of its real view); min allocates no mask
             raise CorruptCheckpoint(f"{where}.{k} holds negative values (a mean of squares)")
 
 

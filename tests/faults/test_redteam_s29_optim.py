@@ -283,3 +283,14 @@ def test_a_saved_group_asking_for_amsgrad_needs_its_state(tmp_path):
     assert step == 1 and same(weights(model), run.weights[1])
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
+
+
+def test_a_complex_parameters_adam_state_is_a_valid_checkpoint():
+    """torch's Adam keeps complex moments for a complex parameter: its second moment's real view holds the squares."""
+    from turbotrain.checkpoint import _check_optim
+
+    p = nn.Parameter(torch.randn(3, dtype=torch.complex64))
+    opt = torch.optim.Adam([p])
+    p.grad = torch.randn_like(p)
+    opt.step()
+    _check_optim(opt, opt.state_dict())

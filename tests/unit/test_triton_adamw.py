@@ -274,7 +274,7 @@ def test_a_kernel_that_fails_to_build_leaves_the_run_on_torchs_adamw(emulated, m
     _both(a, ps, b, qs, range(3), emulated)
     out = capsys.readouterr().out
     assert out.count("failed to build here (RuntimeError: Failed to find C compiler") == 1
-    a._built, a._broken = True, ""  # a kernel ran before: a later failure is not hidden
+    a._built, a._broken = {"sq_sum", "adamw"}, ""  # the kernels ran before: a later failure is not hidden
     _grads(ps, qs, 3)
     with pytest.raises(RuntimeError, match="C compiler"):
         _step(a, ps, 0.5, emulated)
@@ -296,3 +296,47 @@ def test_a_resumed_fused_adamw_continues_the_kernels_steps(emulated):
         for p, q in zip(ps, qs):
             q.copy_(p)
     _both(a, ps, fused, qs, range(2, 4), emulated)
+
+
+def test_a_build_failing_after_one_group_stepped_is_the_runs_error(emulated, monkeypatch):
+    """The second group's launch fails after the first group's ran (each group compiles a variant of its own): a
+    fallback would step the first group twice, so the error is raised."""
+    calls = []
+
+    def second_fails(by_addr, grid, *args, **meta):
+        calls.append(grid)
+        if len(calls) == 2:
+            raise RuntimeError("out of space in the triton cache")
+        _adamw(by_addr, grid, *args, **meta)
+    sq = ta._kernels()[1]
+    monkeypatch.setattr(ta, "_kernels", lambda: (_Launcher(second_fails, sq.by_addr), sq))
+    ps, qs, a, b = _pair()
+    _grads(ps, qs, 0)
+    for group in a.param_groups:  # the state, registered for the emulated kernel; no clip: adamw launches first
+        for p in group["params"]:
+            a.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    emulated(a)
+    with pytest.raises(RuntimeError, match="triton cache"):
+        a.step()
+    assert len(calls) == 2 and all(float(a.state[p]["step"]) == 1.0 for p in a.param_groups[0]["params"])
+
+
+def test_a_fallback_step_makes_the_next_kernel_step_check_step_counts_again(emulated):
+    """One step where a parameter had no gradient and another's gradient did not fit the kernel (foreach for all):
+    when the original tensors come back, their step counts differ, and one bias correction would be wrong."""
+    ps, qs, a, b = _pair()
+    _both(a, ps, b, qs, range(2), emulated)
+    kept = [p.grad for p in ps]
+    _grads(ps, qs, 2)
+    ps[4].grad = qs[4].grad = None  # no gradient this step
+    ps[0].grad = ps[0].grad.t().contiguous().t()  # a layout the kernel does not take
+    _step(a, ps, 0.5, emulated)
+    _step(b, qs, 0.5)
+    g = torch.Generator().manual_seed(7)
+    for p, q, k in zip(ps, qs, kept):  # the old gradient tensors again, new values
+        k.copy_(torch.randn(k.shape, generator=g))
+        p.grad, q.grad = k, k.clone()
+    _step(a, ps, 0.5, emulated)
+    _step(b, qs, 0.5)
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)

@@ -169,31 +169,35 @@ class TritonAdamW(torch.optim.AdamW):
         self._tables: dict[int, _TableCache] = {}  # per param group
         self._parts: dict[int, list] = {}  # per param group whose step counts differ: (tables, indices) per count
         self._norm_table = _TableCache()
-        self._built, self._broken = False, ""  # a launch has run; why the kernels could not be built
+        self._built: set[str] = set()  # the kernels that have launched
+        self._broken = ""  # why the kernels could not be built
 
     def grad_sq_sum(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """The gradients' squared norm in one kernel, or None (torch's foreach norm then)."""
         if self._broken:
             return None
-        with self._first_build():
-            return grad_sq_sum(grads, self._norm_table)
+        with self._first_build("sq_sum"):
+            total = grad_sq_sum(grads, self._norm_table)
+            if total is not None:
+                self._built.add("sq_sum")
+            return total
         return None  # the kernel failed to build: said once, torch's kernels from now on
 
     @contextlib.contextmanager
-    def _first_build(self):
+    def _first_build(self, kernel: str):
         """Triton compiles a kernel at its first launch, on the user's machine. Where that fails (no C compiler for
-        its launcher, a GPU it cannot target) the run goes on with torch's kernels, said once; a failure after a
-        kernel has run is the run's error."""
+        its launcher, a GPU it cannot target) before `kernel` ever launched, the run goes on with torch's kernels,
+        said once: nothing was updated yet. A failure after it launched (one group stepped already) is the run's
+        error."""
         try:
             yield
         except Exception as e:
-            if self._built:
+            if kernel in self._built:
                 raise
             self._broken = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
             say(f"optimizer: the Triton AdamW kernels failed to build here ({self._broken}); torch's foreach AdamW "
                 "steps instead (train.optimizer_impl=\"fused\" takes torch's fused kernel)")
-        else:
-            self._built = True
+
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, which takes the saved groups' kernel flags: a state of torch's fused AdamW would make the
@@ -218,9 +222,12 @@ class TritonAdamW(torch.optim.AdamW):
                 loss = closure()
         plans = [self._plan(i, group) for i, group in enumerate(self.param_groups)]
         if not self._broken and not any(plan is False for plan in plans):
-            with self._first_build():
+            with self._first_build("adamw"):
                 self._launch(plans)
                 return loss
+        for cache in self._tables.values():  # step counts may differ after this step: checked again at the next
+            cache.addrs = ()
+        self._parts.clear()
         self._foreach_step()  # also where the first build failed: nothing was updated yet
         return loss
 
@@ -238,6 +245,7 @@ class TritonAdamW(torch.optim.AdamW):
                             scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"],
                             1.0 - beta1, beta2, 1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t),
                             group["eps"], HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=_WARPS)
+                    self._built.add("adamw")
                 torch._foreach_add_(steps, 1)
 
     def _plan(self, i: int, group: dict):
