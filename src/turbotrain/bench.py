@@ -98,14 +98,46 @@ def default_variants(cfg: Config, on_gpu: bool) -> list[str]:
         return ["baseline", "bf16"] + (["accum"] if cfg.data.batch_size % 2 == 0 else []) + ["workers"] \
             + (["act_ckpt"] if blocks else [])
     out = ["baseline", "tf32", "bf16", "fp16", "compile"] + (["accum"] if cfg.data.batch_size % 2 == 0 else [])
-    triton_opt = cfg.train.optimizer == "adamw" and not triton_problem(torch.device("cuda"))
-    out += ["fused_opt"] + (["triton_opt"] if triton_opt else [])
+    out += _optimizer_variants(cfg, model)
     out += ["workers"] + (["fused_loss"] if supports_fused_loss(model) else [])
     out += ["packed_attn"] if callers(model) else []
     out += ["gelu_epilogue"] if gelu_applies_in(model) and _gelu_auto_gpu(cfg) else []  # else "auto" is off: a rerun
     out += (["channels_last"] if conv else []) + (["convnet"] if convnet_targets(model, torch.device("cuda")) else [])
     out += ["act_ckpt"] if blocks else []
     return out + ["all"]
+
+
+def _optimizer_variants(cfg: Config, model: torch.nn.Module) -> list[str]:
+    """fused_opt for torch's optimizers (a user's factory picks its own kernel: the row would rerun the baseline);
+    triton_opt for AdamW where its kernel would step this model, which the baseline keeps float32 and contiguous
+    (a parameter it cannot take hands the step to torch's fused kernel: the fused_opt row again)."""
+    from turbotrain.accel.optim import OPTIMIZERS
+
+    if cfg.train.optimizer not in OPTIMIZERS:
+        return []
+    plain = all(p.dtype == torch.float32 and p.is_contiguous() for p in model.parameters() if p.requires_grad)
+    triton = cfg.train.optimizer == "adamw" and plain and not triton_problem(torch.device("cuda"))
+    return ["fused_opt"] + (["triton_opt"] if triton else [])
+
+
+def _check_optimizer_variant(name: str, cfg: Config) -> None:
+    """An optimizer variant every run of which the resolver would refuse, or resolve to the baseline's kernel:
+    refused before anything runs, with what to run instead."""
+    from turbotrain.accel.optim import OPTIMIZERS
+    from turbotrain.workload import resolve_device
+
+    if name not in ("fused_opt", "triton_opt"):
+        return
+    if cfg.train.optimizer not in OPTIMIZERS:
+        raise UserError(f"--variants {name}: train.optimizer = {cfg.train.optimizer!r} is the user's factory, which "
+                        "picks its own kernel (train.optimizer_impl does not reach it): the row would rerun the "
+                        "baseline; drop it from --variants")
+    if name == "triton_opt":
+        problem = ("the kernel is AdamW's" if cfg.train.optimizer != "adamw"
+                   else triton_problem(resolve_device(cfg.run.device)))
+        if problem:
+            raise UserError(f"--variants triton_opt with train.optimizer = {cfg.train.optimizer!r}: {problem}; "
+                            "drop it from --variants (fused_opt measures torch's fused kernel)")
 
 
 def refuse_under_torchrun(command: str, fix: str) -> None:
@@ -345,6 +377,7 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
     check_unique("--compare", list(compare))
     for v in variants:
         variant_overrides(v, cfg)  # validate names before running anything
+        _check_optimizer_variant(v, cfg)
     for tool in compare:
         _check_compare(tool)
     runs_dir, out = Path(cfg.run.out_dir), Path(cfg.run.out_dir) / f"{cfg.run.name}-bench"
@@ -366,7 +399,7 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
             rc = _run(args, out / f"{name}.log", what, runs_dir / name, cfg.train.steps)
             runs.append(measured(rc, out / f"{name}.log", runs_dir / name / "summary.json"))
         rows.append(_row(v, runs, variant_overrides(v, cfg)))
-        if off := _resolved_off(v, runs_dir / names[v, 0]):
+        if off := _resolved_off(v, runs_dir / names[v, 0]) or _optimizer_off(v, out / f"{names[v, 0]}.log"):
             rows[-1]["resolved_off"] = off
     for tool in compare:
         rows.append(_compare_row(tool, config, overrides, cfg, out, [names[tool, r] for r in range(repeats)]))
@@ -400,6 +433,24 @@ def _resolved_off(variant: str, run_dir: Path) -> str | None:
         return None
     return f"kernels.{key} resolved off on this run (its config.toml): measured without it" if value is False \
         else None
+
+
+# what accel/optim.py and accel/triton_adamw.py say where "triton" hands the step to torch's kernels
+TRITON_FELL_BACK = ("optimizer: the Triton AdamW kernel does not run here",
+                    "optimizer: the Triton AdamW kernels failed")
+
+
+def _optimizer_off(variant: str, log: Path) -> str | None:
+    """For triton_opt, where the run's optimizer did not step with the kernel (a parameter it cannot take, a kernel
+    that failed to build; said in the run's log): the row measures torch's kernel under the Triton kernel's name."""
+    if variant != "triton_opt":
+        return None
+    try:
+        said = next((line[line.index(m) + len("optimizer: "):].strip() for line in
+                     log.read_text(errors="replace").splitlines() for m in TRITON_FELL_BACK if m in line), None)
+    except OSError:
+        return None
+    return f"the Triton AdamW kernel did not step this run ({said}): measured without it" if said else None
 
 
 def _run_name(run_name: str, variant: str, repeat: int, repeats: int) -> str:

@@ -36,7 +36,7 @@ def describe_env() -> dict:
     info["recommended"] = {
         "precision.dtype": dtype,
         "compile.enabled": cuda,
-        "train.optimizer_impl": auto_impl("adamw", device),
+        "train.optimizer_impl": recommended_optimizer_impl(device),
         "memory.channels_last": "auto (on for convnets on GPU)",
     }
     info["peak_tflops"] = {d: (round(p / 1e12, 1) if (p := peak_flops(device, d)) else None)
@@ -44,6 +44,19 @@ def describe_env() -> dict:
     info["distributed"] = describe_distributed()
     info["integrations"] = describe_integrations()
     return info
+
+
+def recommended_optimizer_impl(device: torch.device) -> str:
+    """What "auto" takes here, as a value every optimizer accepts: a bare "triton" is AdamW's kernel only, which
+    the resolver refuses for adam, sgd and FSDP2's shards."""
+    from turbotrain.accel.optim import OPTIMIZERS
+
+    picks = {name: auto_impl(name, device) for name in OPTIMIZERS}
+    if len(set(picks.values())) == 1 and "triton" not in picks.values():
+        return picks["adamw"]
+    fsdp = auto_impl("adamw", device, sharded=True)
+    return "auto (" + ", ".join([f"{impl} for {name}" for name, impl in picks.items()]
+                                + ([f"{fsdp} for adamw under FSDP2"] if picks["adamw"] != fsdp else [])) + ")"
 
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

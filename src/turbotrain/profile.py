@@ -524,12 +524,34 @@ def optimizer_facts(opt: torch.optim.Optimizer) -> dict:
     """What the optimizer step works through: its class, kernel, parameters and state (bytes it reads and
     writes every step besides the parameters and gradients)."""
     d = opt.defaults
-    # foreach=None is torch's own choice: foreach on CUDA, the per-tensor loop on a CPU
-    impl = "triton" if isinstance(opt, TritonAdamW) else "fused" if d.get("fused") else "foreach" if d.get("foreach") \
-        else "for" if d.get("foreach") is False else "torch default"
+    # foreach=None is torch's own choice: foreach on CUDA, the per-tensor loop on a CPU; a TritonAdamW whose
+    # kernels do not run steps with torch's foreach AdamW
+    impl = ("foreach" if _triton_down(opt) else "triton") if isinstance(opt, TritonAdamW) else "fused" \
+        if d.get("fused") else "foreach" if d.get("foreach") else "for" if d.get("foreach") is False \
+        else "torch default"
     params = sum(p.numel() for g in opt.param_groups for p in g["params"])
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     return {"name": type(opt).__name__, "impl": impl, "params": params, "state_mib": round(state / 2**20, 1)}
+
+
+def _triton_down(opt: TritonAdamW) -> str | None:
+    """Why a TritonAdamW's kernels do not step it (its first build failed, or not on a GPU with triton), or None."""
+    from turbotrain.accel import triton_adamw
+
+    if opt._broken:
+        return f"the kernels failed to build: {opt._broken}"
+    p = next((p for g in opt.param_groups for p in g["params"]), None)
+    return triton_adamw.triton_problem(p.device) if p is not None else None
+
+
+def _torch_optimizer(opt: torch.optim.Optimizer) -> type | None:
+    """The torch.optim class whose kernels step `opt`: its own, or the one under turbotrain's wrappers
+    (FSDP2's ShardLocal*, TritonAdamW); None for the user's own optimizer class."""
+    if type(opt) in FUSED_KERNELS:
+        return type(opt)
+    if type(opt).__module__.startswith("turbotrain."):
+        return next((c for c in type(opt).__mro__ if c in FUSED_KERNELS), None)
+    return None
 
 
 def _optimizer_advice(run: Run, share: float) -> list[dict]:
@@ -537,15 +559,22 @@ def _optimizer_advice(run: Run, share: float) -> list[dict]:
     f = optimizer_facts(tr.opt)
     size = (f"{f['name']} ({f['impl']}) updates {_count(f['params'])} parameters and "
             f"{f['state_mib']:g} MiB of optimizer state every step")
-    if type(tr.opt) in FUSED_KERNELS and tr.device.type in ("cpu", "cuda") and f["impl"] not in ("fused", "triton"):
-        why = (f"the optimizer is {share:.0%} of the step: {size}; the fused kernel does each parameter's whole "
-               "update in one pass instead of one pass per operation")
-        recs.append(_tip(f"pass fused=True to torch.optim.{f['name']} in {spec}", why, share) if ":" in spec
+    base = _torch_optimizer(tr.opt)
+    # AdamW's Triton kernel where it would step this model (not FSDP2's shards, not a kernel that failed here)
+    triton = (type(tr.opt) is torch.optim.AdamW and f["impl"] != "triton"
+              and not triton_blocker(spec, tr.model, tr.device))
+    triton_why = (f"the optimizer is {share:.0%} of the step: {size}; the Triton kernel updates every parameter in "
+                  "one launch, nearer the memory's copy rate than torch's fused kernel (the same math and state)")
+    if base is not None and tr.device.type in ("cpu", "cuda") and f["impl"] not in ("fused", "triton"):
+        down = _triton_down(tr.opt) if isinstance(tr.opt, TritonAdamW) else None
+        why = (f"the optimizer is {share:.0%} of the step: {size}"
+               + (f" (the Triton kernel does not run here: {down})" if down else "")
+               + "; the fused kernel does each parameter's whole update in one pass instead of one pass per operation")
+        recs.append(_tip(f"pass fused=True to torch.optim.{base.__name__} in {spec}", why, share) if ":" in spec
+                    else _rec('train.optimizer_impl="triton"', triton_why, share) if triton
                     else _rec('train.optimizer_impl="fused"', why, share))
-    elif type(tr.opt) is torch.optim.AdamW and f["impl"] == "fused" and not triton_blocker(spec, tr.model, tr.device):
-        recs.append(_rec('train.optimizer_impl="triton"', f"the optimizer is {share:.0%} of the step: {size}; the "
-                         "Triton kernel updates every parameter in one launch, nearer the memory's copy rate than "
-                         "torch's fused kernel (the same math and state)", share))
+    elif triton and f["impl"] == "fused":
+        recs.append(_rec('train.optimizer_impl="triton"', triton_why, share))
     elif f["impl"] == "for" and ":" not in spec:
         recs.append(_rec('train.optimizer_impl="foreach"', f"the optimizer is {share:.0%} of the step: {size} one "
                          "tensor at a time; foreach batches the tensors", share))

@@ -498,11 +498,20 @@ def _optimizer(ctx: Ctx) -> list[Candidate]:
     if not ctx.probe.builtin_optimizer:
         return []  # the user's factory picks its own kernels
     from turbotrain.accel.triton_adamw import triton_problem
+    from turbotrain.distributed.parallel import fsdp_sharded
 
-    triton = (ctx.probe.on_gpu and ctx.probe.world_size == 1 and ctx.value("train.optimizer") == "adamw"
-              and triton_problem(torch.device("cuda")) is None)  # FSDP2's shards: fused (the resolver's rule)
-    return _only_new(ctx, [Candidate(f"{impl} optimizer", {"train.optimizer_impl": impl})
-                           for impl in ("triton", "fused", "foreach")[0 if triton else 1:]])
+    # the resolver's rule: not over FSDP2's shards (DDP's replicas and whole pipeline stages are plain tensors)
+    triton = (ctx.probe.on_gpu and not fsdp_sharded(ctx.eff.parallel, ctx.probe.world_size)
+              and ctx.value("train.optimizer") == "adamw" and triton_problem(torch.device("cuda")) is None)
+    # channels_last conv weights are not contiguous: there "triton" builds torch's fused AdamW (accel/optim.py's
+    # triton_blocker), so a trial of one is a rerun of the other
+    nhwc = ctx.probe.has_conv and ctx.value("memory.channels_last") is True
+
+    def runs(impl: str) -> str:
+        return "fused" if impl == "triton" and nhwc else impl
+    now = runs(ctx.value("train.optimizer_impl"))
+    return [Candidate(f"{impl} optimizer", {"train.optimizer_impl": impl})
+            for impl in ("triton", "fused", "foreach")[0 if triton and not nhwc else 1:] if runs(impl) != now]
 
 
 def _channels_last(ctx: Ctx) -> list[Candidate]:
