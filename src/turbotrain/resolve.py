@@ -50,6 +50,7 @@ class Facts:
     attention_dropout: float = 0.0  # the largest dropout of those calls (the packed op runs without)
     gelu_mlp: bool = False  # the model calls models.gelu_epilogue.gelu_mlp (kernels.gelu_epilogue)
     gelu_mlp_applies: bool = False  # ... with linears the epilogues take (plain, biased, sizes of multiples of 8)
+    fp32_params: bool = True  # every trainable parameter is float32 (the Triton AdamW kernel's)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -67,6 +68,7 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  cpus=cpus, fused_loss_ready=supports_fused_loss(model) and fused_loss_why is None,
                  fused_loss_why=fused_loss_why, pipeline_layout=layout_of(model) is not None,
                  on_meta=any(p.is_meta for p in model.parameters()), loss_in_code=loss_in_code,
+                 fp32_params=all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad),
                  convnet_targets=convnet_targets(model, device),
                  qkv_attention=bool(callers(model)),
                  attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0),
@@ -300,7 +302,10 @@ def _resolve_optimizer(c: _Changes, facts: Facts) -> None:
             raise UserError(f"train.optimizer_impl = \"triton\" with train.optimizer = {t.optimizer!r}: {problem}; "
                             "use optimizer_impl \"fused\" or \"auto\"")
     elif t.optimizer_impl == "auto":
-        c.set("train", "optimizer_impl", auto_impl(t.optimizer, device, sharded))
+        # the kernel takes contiguous float32 parameters: channels_last conv weights or half-precision ones would
+        # build torch's fused AdamW anyway (accel/optim.triton_blocker), and config.toml says what runs
+        nhwc = facts.has_conv and c.cfg.memory.channels_last is True
+        c.set("train", "optimizer_impl", auto_impl(t.optimizer, device, sharded or nhwc or not facts.fp32_params))
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
 

@@ -340,3 +340,17 @@ def test_a_fallback_step_makes_the_next_kernel_step_check_step_counts_again(emul
     _step(b, qs, 0.5)
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_records_the_kernel_that_runs(monkeypatch):
+    """"auto" on a GPU: triton for adamw, but fused where the build would fall back to it (channels_last conv
+    weights, half-precision parameters), so config.toml names the kernel that runs."""
+    from turbotrain.config import load_config
+    from turbotrain.resolve import Facts, resolve
+
+    monkeypatch.setattr(ta, "triton_problem", lambda device: None if device.type == "cuda" else "no GPU")
+    gpu = torch.device("cuda")
+    cfg = load_config("gpt-shakespeare", ['compile.enabled=false', 'data.pin_memory=false'])
+    assert resolve(cfg, Facts(device=gpu)).train.optimizer_impl == "triton"
+    assert resolve(cfg, Facts(device=gpu, fp32_params=False)).train.optimizer_impl == "fused"
+    assert resolve(cfg, Facts(device=gpu, has_conv=True)).train.optimizer_impl == "fused"  # channels_last: auto on
