@@ -1,12 +1,12 @@
 """AdamW as one Triton kernel launch per parameter group, and the gradients' squared norm as one more
 (`train.optimizer_impl = "triton"`).
 
-torch's fused AdamW runs its multi-tensor kernel in several launches of a bounded number of blocks each, and on
-GPT-2's parameters it moves their bytes at 60-70 % of the copy rate (benchmarks/NOTES.md, session 29). Here every
-parameter is cut into blocks of BLOCK elements and one grid covers them all (93 % of the copy rate there); the
-kernel finds its tensor through a table of device pointers (parameter, gradient, exp_avg, exp_avg_sq), so
-nothing is copied into a flat buffer and the optimizer's state stays torch's own: `state_dict()` is the same as
-torch.optim.AdamW's with foreach, and a checkpoint moves between the implementations.
+torch's fused AdamW runs its multi-tensor kernel in several launches of a bounded number of blocks each, each
+ending in a tail; here every parameter is cut into blocks of BLOCK elements and one grid covers them all, nearer
+the copy rate (benchmarks/NOTES.md, session 29). The kernel finds its tensor through a table of device pointers
+(parameter, gradient, exp_avg, exp_avg_sq), so nothing is copied into a flat buffer and the optimizer's state stays
+torch's own: `state_dict()` is the same as torch.optim.AdamW's with foreach, and a checkpoint moves between the
+implementations.
 
 The update is torch's foreach AdamW's, in fp32: p *= 1 - lr*wd; m += (1-b1)(g - m); v = b2*v + (1-b2)*g*g;
 p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). A `grad_scale` tensor set on the optimizer (the folded clip of
@@ -24,6 +24,7 @@ import math
 import torch
 
 from turbotrain.log import say
+from turbotrain.models.structure import on_device
 
 BLOCK = 1024  # elements a program updates, at 4 warps: larger blocks cost registers (the loads are not vectors)
 _WARPS = 4
@@ -127,11 +128,6 @@ class _TableCache:
         return self
 
 
-def _on(device: torch.device):
-    """Triton launches on the current device and its stream: the tensors' device made current."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     host = torch.tensor(values, dtype=dtype)
     return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
@@ -154,7 +150,7 @@ def grad_sq_sum(grads: list[torch.Tensor], cache: _TableCache | None = None) -> 
         return None
     out = torch.empty(table.n_blocks, dtype=torch.float32, device=grads[0].device)
     _, sq_sum = _kernels()
-    with _on(out.device):
+    with on_device(out.device):
         sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors, out,
                                   BLOCK=BLOCK, num_warps=_WARPS)
     return out.sum()
@@ -198,7 +194,6 @@ class TritonAdamW(torch.optim.AdamW):
             say(f"optimizer: the Triton AdamW kernels failed to build here ({self._broken}); torch's foreach AdamW "
                 "steps instead (train.optimizer_impl=\"fused\" takes torch's fused kernel)")
 
-
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, which takes the saved groups' kernel flags: a state of torch's fused AdamW would make the
         fallback steps fused ones. The flags stay foreach, step counts (on the GPU under fused) come to the host, and
@@ -239,7 +234,7 @@ class TritonAdamW(torch.optim.AdamW):
                 t = float(steps[0]) + 1
                 lr, (beta1, beta2) = float(group["lr"]), group["betas"]
                 if table.n_blocks:  # zero-size parameters count steps too (torch's do), with no blocks
-                    with _on(table.ptrs.device):
+                    with on_device(table.ptrs.device):
                         adamw[(table.n_blocks,)](
                             table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
                             scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"],

@@ -31,6 +31,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from turbotrain.models.structure import on_device, op_switch
+
 _STATE = {"on": False}
 _LOCK = threading.Lock()  # descriptors are shared by calls of one shape; their pointers are set per call
 
@@ -57,18 +59,9 @@ _LT: dict = {}  # "lib", and a cuBLASLt handle per device index
 _PLANS: dict[tuple, tuple] = {}
 
 
-@contextlib.contextmanager
-def gelu_epilogue(enabled: bool):
+def gelu_epilogue(enabled: bool) -> contextlib.AbstractContextManager:
     """`with gelu_epilogue(True): train...` — `gelu_mlp` calls run the epilogue ops where they apply."""
-    if not isinstance(enabled, int):  # bool is an int; "auto" or "false" must not read as on
-        raise TypeError(f"gelu_epilogue(enabled) takes True or False, not {enabled!r} (an unresolved \"auto\" "
-                        "is off: model_ops(kernels) enters the resolved setting)")
-    before = _STATE["on"]
-    _STATE["on"] = bool(enabled)
-    try:
-        yield
-    finally:
-        _STATE["on"] = before
+    return op_switch(_STATE, enabled, "gelu_epilogue")
 
 
 def callers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -242,11 +235,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _on(device: torch.device):
-    """The tensor's GPU current while its GEMM is planned and launched, whichever is current outside."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 @torch.library.custom_op("turbotrain::linear_gelu", mutates_args=())
 def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h), h) for h = x w^T + b: x (N, C), w (H, C), b (H); one GEMM writes both."""
@@ -254,7 +242,7 @@ def _linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[tor
         x, w, b = (_aligned(t) for t in (x, w, b))
         g = x.new_empty(x.shape[0], w.shape[0])
         h = torch.empty_like(g)
-        with _on(x.device):
+        with on_device(x.device):
             if _matmul(w, _OP_T, x, _OP_N, w.shape[0], x.shape[0], x.shape[1], g, _GELU_AUX_BIAS, bias=b, aux=h):
                 return g, h
     h = torch.addmm(b, x, w.t())
@@ -283,7 +271,7 @@ def _dgrad(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     if dy.shape[0] >= _MIN_ROWS:
         dy, w, h = (_aligned(t) for t in (dy, w, h))
         dh = torch.empty_like(h)
-        with _on(dy.device):
+        with on_device(dy.device):
             if _matmul(w, _OP_N, dy, _OP_N, w.shape[1], dy.shape[0], dy.shape[1], dh, _DGELU, aux=h):
                 return dh
     return torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")

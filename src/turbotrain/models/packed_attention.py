@@ -25,6 +25,8 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
+from turbotrain.models.structure import op_switch
+
 _STATE = {"on": False}
 _HANDLES: dict[int, object] = {}
 _GRAPHS: OrderedDict[tuple, tuple] = OrderedDict()  # built graphs, most recent last
@@ -41,15 +43,9 @@ def frontend_problem() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def packed_attention(enabled: bool):
+def packed_attention(enabled: bool) -> contextlib.AbstractContextManager:
     """`with packed_attention(True): train...` — `qkv_attention` calls run the packed op where it applies."""
-    before = _STATE["on"]
-    _STATE["on"] = bool(enabled)
-    try:
-        yield
-    finally:
-        _STATE["on"] = before
+    return op_switch(_STATE, enabled, "packed_attention")
 
 
 def qkv_attention(qkv: torch.Tensor, n_head: int, dropout_p: float = 0.0) -> torch.Tensor:

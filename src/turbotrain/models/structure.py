@@ -1,12 +1,35 @@
 """What turbotrain needs to know about a model's structure: its repeated blocks (the unit of activation
-checkpointing, per-block compile and FSDP2 sharding) and the model + loss pair that a step calls."""
+checkpointing, per-block compile and FSDP2 sharding) and the model + loss pair that a step calls; and what the ops
+of our own share (their on/off switch, their tensors' GPU made current)."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+
+@contextlib.contextmanager
+def op_switch(state: dict, enabled: bool, name: str):
+    """`state["on"]` is `enabled` inside the block and given back after: the switch of an op models opt into
+    (packed attention, the GELU epilogue). It takes only a resolved bool: "auto" or "false" must not read as on."""
+    if not isinstance(enabled, int):  # bool is an int
+        raise TypeError(f"{name}(enabled) takes True or False, not {enabled!r} (an unresolved \"auto\" is off: "
+                        "model_ops(kernels) enters the resolved setting)")
+    before = state["on"]
+    state["on"] = bool(enabled)
+    try:
+        yield
+    finally:
+        state["on"] = before
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """The tensors' GPU current inside the block, whichever is current outside: cuBLASLt handles and Triton
+    launches take the current device and its stream."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class WithLoss(nn.Module):
