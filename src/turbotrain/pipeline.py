@@ -25,12 +25,13 @@ from turbotrain.accel.fp8 import apply_fp8, remove_fp8
 from turbotrain.accel.fused_loss import fused_linear_cross_entropy
 from turbotrain.accel.memory_format import apply_channels_last
 from turbotrain.accel.optim import build_optimizer, build_scheduler
+from turbotrain.accel.weight_copies import apply_weight_copies, remove_weight_copies
 from turbotrain.distributed import meta_init
 from turbotrain.distributed.parallel import SHARDED, ParallelConfig, fsdp_sharded
 from turbotrain.errors import UserError
 from turbotrain.log import say_once
 from turbotrain.losses import LossFn, cross_entropy
-from turbotrain.models.structure import WithLoss
+from turbotrain.models.structure import WithLoss, output_layer
 
 if TYPE_CHECKING:
     from turbotrain.config import Config
@@ -53,7 +54,8 @@ class Trainee:
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
                      seed: int = 0, *, fp8: str = "off", fp8_head: bool = False,
-                     fused_loss: bool = False, convnet: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     fused_loss: bool = False, convnet: bool = False,
+                     weight_copies: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
@@ -65,7 +67,8 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     4. FP8 linears (precision.fp8): after the move (no FP8 weight subclass is ever moved); before compile (dynamo
        fuses the amax/scale/cast ops into neighbouring kernels: FP8's gain depends on it), FSDP2 (it shards the
        FP8-aware weights, all-gathers them in FP8) and activation checkpointing (the swap sees plain blocks).
-    5. channels_last (parameters in NHWC), then the convnet kernels' layer rewrites: before compile traces them.
+    5. channels_last (parameters in NHWC), then the convnet kernels' layer rewrites, then the linears' bf16 weight
+       copies (precision.weight_copies; not the head the fused loss reads directly): before compile traces them.
     6. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     7. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
     8. DDP, FSDP2/HSDP or the pipeline schedule. DDP wraps model + loss: dynamo breaks the graph at DDP's
@@ -90,6 +93,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
     model = apply_channels_last(model) if mem.channels_last else model
     set_convnet_kernels(model, convnet, device)  # off: a model rewritten by an earlier run gets its layers back
+    apply_weight_copies(model, weight_copies, skip=output_layer(model) if fused_loss else None)
     apply_activation_checkpointing(model, mem.activation_checkpointing, comp.backend)
     compiled = apply_compile(model, comp) if comp.scope == "blocks" else []
     if par.strategy == "ddp":
@@ -112,10 +116,11 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
 
 
 def give_back(model: nn.Module, device: torch.device, channels_last: bool) -> None:
-    """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet
-    and precision.fp8 rewrite them in place), no activation-checkpoint wrappers, parameters contiguous again after
+    """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet,
+    precision.weight_copies and precision.fp8 rewrite them in place), no activation-checkpoint wrappers, parameters contiguous again after
     channels_last."""
     set_convnet_kernels(model, False, device)
+    remove_weight_copies(model)
     remove_fp8(model)
     remove_activation_checkpointing(model)
     if channels_last is True:
@@ -162,7 +167,8 @@ def build_trainee(model: nn.Module, loss_fn: LossFn | None, cfg: Config, device:
     model, step_module, compiled = apply_techniques(model, loss_fn, device, world, dtype, cfg.memory, cfg.compile,
                                                     cfg.parallel, cfg.run.seed, fp8=cfg.precision.fp8,
                                                     fp8_head=cfg.precision.fp8_head,
-                                                    fused_loss=cfg.kernels.fused_loss, convnet=cfg.kernels.convnet)
+                                                    fused_loss=cfg.kernels.fused_loss, convnet=cfg.kernels.convnet,
+                                                    weight_copies=cfg.precision.weight_copies is True)
     t = cfg.train
     opt = build_optimizer(model, t.optimizer, t.lr, t.weight_decay, device, t.optimizer_impl)
     if fsdp_sharded(cfg.parallel, world):

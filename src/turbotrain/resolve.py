@@ -16,6 +16,7 @@ from torch import nn
 
 from turbotrain.accel.activation_ckpt import recomputes_in_graph
 from turbotrain.accel.convnet import convnet_targets
+from turbotrain.accel.weight_copies import candidates as copy_candidates
 from turbotrain.config import Config, show_value
 from turbotrain.errors import UserError
 from turbotrain.log import say
@@ -51,6 +52,7 @@ class Facts:
     gelu_mlp: bool = False  # the model calls models.gelu_epilogue.gelu_mlp (kernels.gelu_epilogue)
     gelu_mlp_applies: bool = False  # ... with linears the epilogues take (plain, biased, sizes of multiples of 8)
     fp32_params: bool = True  # every trainable parameter is float32 (the Triton AdamW kernel's)
+    copy_linears: int = 0  # linears precision.weight_copies gives bf16 copies (accel/weight_copies.candidates)
 
 
 def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, world: int = 1,
@@ -72,7 +74,8 @@ def facts_of(device: torch.device, model: nn.Module, train_ds, data_args: dict, 
                  convnet_targets=convnet_targets(model, device),
                  qkv_attention=bool(callers(model)),
                  attention_dropout=max((_dropout_of(m) for m in callers(model)), default=0.0),
-                 gelu_mlp=bool(gelu_callers(model)), gelu_mlp_applies=gelu_applies_in(model))
+                 gelu_mlp=bool(gelu_callers(model)), gelu_mlp_applies=gelu_applies_in(model),
+                 copy_linears=len(copy_candidates(model)))
 
 
 def _dropout_of(module: nn.Module) -> float:
@@ -108,6 +111,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_memory(c, facts)
     _resolve_data(c, facts, on_gpu)
     _resolve_optimizer(c, facts)
+    _resolve_weight_copies(c, facts)
     _resolve_fused_loss(c, facts)
     _resolve_convnet(c, facts)
     _resolve_packed_attention(c, facts)
@@ -308,6 +312,37 @@ def _resolve_optimizer(c: _Changes, facts: Facts) -> None:
         c.set("train", "optimizer_impl", auto_impl(t.optimizer, device, sharded or nhwc or not facts.fp32_params))
     elif t.optimizer_impl == "fused" and not fused_ok:
         c.set("train", "optimizer_impl", "foreach", f"no fused {t.optimizer} kernel in this torch")
+
+
+def _resolve_weight_copies(c: _Changes, facts: Facts) -> None:
+    """"auto": on wherever the copies are exact and written (`_weight_copies_blocker`); an explicit true where they
+    are not is an error."""
+    setting = c.cfg.precision.weight_copies
+    if setting is False:
+        return
+    blocker = _weight_copies_blocker(c.cfg, facts)
+    if setting == "auto":
+        c.set("precision", "weight_copies", blocker is None)
+    elif blocker:
+        raise UserError(f"precision.weight_copies = true {blocker}; set precision.weight_copies=false")
+
+
+def _weight_copies_blocker(cfg: Config, facts: Facts) -> str | None:
+    p, t = cfg.precision, cfg.train
+    if p.dtype != "bf16":  # resolved by then
+        return f"keeps bf16 copies for bf16 autocast, but precision.dtype = \"{p.dtype}\""
+    if p.fp8 != "off":
+        return f"keeps bf16 copies of the linears that precision.fp8 = \"{p.fp8}\" runs in FP8"
+    if t.optimizer_impl != "triton":  # resolved by then
+        return f"are written by the Triton AdamW kernel, but train.optimizer_impl = \"{t.optimizer_impl}\""
+    if t.grad_accum != 1:
+        return (f"is exact with one micro-batch a step, but train.grad_accum = {t.grad_accum} would sum bf16 "
+                "gradients")
+    if facts.world_size > 1:
+        return f"is exact in one process, but {facts.world_size} processes would all-reduce bf16 gradients"
+    if not facts.copy_linears:
+        return "copies plain nn.Linear layers with float32 trainable weights held by no other module; this model has none"
+    return None
 
 
 def _resolve_convnet(c: _Changes, facts: Facts) -> None:

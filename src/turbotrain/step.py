@@ -105,6 +105,7 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
     device tensors: nothing here waits for the GPU. The norm is computed when clipping or when asked."""
     accum = len(micro_batches)
     loss_sum = torch.zeros((), device=tr.device)
+    _copies_current(tr)
     pp = tr.step_module if isinstance(tr.step_module, PipelineRunner) else None
     if pp:  # the schedule interleaves forwards and backwards of the stages; the loss comes from the last
         with phase("forward"), precision.autocast(tr.dtype, tr.device):
@@ -134,6 +135,13 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
         tr.opt.zero_grad(set_to_none=True)
         _schedule_step(tr)
     return loss_sum, grad_norm
+
+
+def _copies_current(tr: Trainee) -> None:
+    """Before a forward: the linears' bf16 weight copies equal their float32 weights (accel/weight_copies.py)."""
+    sync = getattr(tr.opt, "sync_copies", None)
+    if sync is not None:
+        sync()
 
 
 def _schedule_step(tr: Trainee) -> None:
@@ -241,6 +249,7 @@ def evaluate(tr: Trainee, ds: Dataset | None, micro: int, n_global: int, accum: 
         tr.model.eval()
     if isinstance(tr.step_module, DDP):  # each rank's BatchNorm ran on its own shards: evaluate the statistics a
         rank0_running_stats(tr.model)  # checkpoint saves (FSDP2's forward hook takes them: fsdp._eval_from_rank0)
+    _copies_current(tr)
     try:  # an error in eval (out of memory, the user's metric) leaves the model in train mode all the same
         sums = _eval_sums(tr, ds, batches, net, loss_fn, metrics, pp)
     finally:

@@ -34,19 +34,25 @@ def _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, block
 
 
 def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, scale_ptr, decay, one_minus_b1, beta2,
-           one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, BLOCK, num_warps):
+           one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, GRAD_BF16, COPY, BLOCK, num_warps):
     for _, _, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
         p, g, m, v = (at(r).view(-1) for r in range(4))
-        gs = g[sl] / scale_ptr if HAS_SCALE else g[sl]
+        assert (g.dtype == torch.bfloat16) == GRAD_BF16 and p.dtype == m.dtype == v.dtype == torch.float32
+        g = g[sl].float()
+        gs = g / scale_ptr if HAS_SCALE else g
         p[sl] *= decay
         m[sl] += one_minus_b1 * (gs - m[sl])
         v[sl] = v[sl] * beta2 + one_minus_b2 * gs * gs
         p[sl] -= step_size * (m[sl] / (v[sl].sqrt() / bc2_sqrt + eps))
+        if COPY:
+            at(4).view(-1)[sl] = p[sl].to(torch.bfloat16)
 
 
-def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, out, BLOCK, num_warps):
-    for b, _, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
-        out[b] = at(0).view(-1)[sl].double().square().sum()
+def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, low, out, MIXED, BLOCK, num_warps):
+    for b, t, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
+        x = at(0).view(-1)[sl]
+        assert (x.dtype == torch.bfloat16) == (MIXED and bool(low[t]))
+        out[b] = x.float().square().sum()
 
 
 @pytest.fixture
@@ -63,6 +69,10 @@ def emulated(monkeypatch):
                 for t in (p, p.grad, *opt.state[p].values()):
                     if isinstance(t, torch.Tensor) and t.dim() and t.numel():
                         tensors[t.data_ptr()] = t
+        for _, c in getattr(opt, "_pairs", ()):  # the layers' bf16 weight copies and their gradients
+            for t in (c, c.grad):
+                if isinstance(t, torch.Tensor) and t.dim() and t.numel():
+                    tensors[t.data_ptr()] = t
     return register
 
 
@@ -95,7 +105,7 @@ def _step(opt, params, clip, register=None):
     if register:
         for group in opt.param_groups:  # a first step creates the state: register it before the kernel reads it
             for p in group["params"]:
-                if p.grad is not None and not opt.state[p]:
+                if getattr(opt, "grad_of", lambda p: p.grad)(p) is not None and not opt.state[p]:
                     opt.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
                                         exp_avg_sq=torch.zeros_like(p))
         register(opt)
@@ -126,7 +136,7 @@ def test_kernel_path_matches_torch_foreach_adamw(emulated, clip):
         for p, q in zip(ps, qs):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
     assert a.state_dict()["state"][0]["step"] == b.state_dict()["state"][0]["step"] == 5.0
-    assert a._tables[0].addrs and a._tables[1].addrs  # the kernel took both groups
+    assert a._tables[0, (False, False)].addrs and a._tables[1, (False, False)].addrs  # the kernel took both groups
 
 
 def test_tables_cover_every_element_once_and_are_rebuilt_only_on_change(emulated, monkeypatch):
@@ -157,7 +167,7 @@ def test_tensors_the_kernel_does_not_take_fall_back_to_torch(emulated):
         _step(b, qs, 0.5)
         for p, q in zip(ps, qs):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
-    assert not a._tables[0].addrs  # the kernel never took these tensors
+    assert not a._tables[0, (False, False)].addrs  # the kernel never took these tensors
 
 
 def test_differing_step_counts_fall_back_to_torch(emulated):

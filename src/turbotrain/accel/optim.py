@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from turbotrain.accel.weight_copies import copies_of, remove_weight_copies
 from turbotrain.log import say, say_once
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
@@ -58,11 +59,19 @@ def build_optimizer(
     if impl == "fused" and not fused_ok:
         say(f"optimizer: fused {name} is not available here; using foreach")
         impl = "foreach"
+    copies = copies_of(model)
+    if copies and impl != "triton":  # only the Triton kernel writes them: the layers read their float32 weights
+        remove_weight_copies(model)
+        say(f"optimizer: {name} ({impl}) does not write the linears' bf16 weight copies (precision.weight_copies); "
+            "the layers read their float32 weights, cast each step")
+        copies = []
     if impl == "triton":
         from turbotrain.accel.triton_adamw import TritonAdamW
 
-        opt = TritonAdamW(_param_groups(model, weight_decay), **kwargs)
-        say(f"optimizer: {name} (triton: one kernel over every parameter), lr {lr:g}, weight decay {weight_decay:g}")
+        opt = TritonAdamW(_param_groups(model, weight_decay), copies=copies, **kwargs)
+        held = f", writing the bf16 copies of {len(copies)} weights and biases" if copies else ""
+        say(f"optimizer: {name} (triton: one kernel over every parameter{held}), lr {lr:g}, weight decay "
+            f"{weight_decay:g}")
         return opt
     if impl == "fused":
         kwargs["fused"] = True
@@ -183,7 +192,8 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     is not a pass of its own: the coefficient goes to the kernel as `grad_scale` (it divides each gradient by it
     as it reads it, the hook torch's GradScaler uses), saving a read and a write of every gradient. The caller
     must step that optimizer next and must not be unscaling fp16 gradients through a GradScaler."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grad_of = getattr(opt, "grad_of", None) or (lambda p: p.grad)  # a copied weight's is its copy's (TritonAdamW)
+    grads = [g for g in map(grad_of, params) if g is not None]
     if not grads:
         return torch.zeros(())
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
@@ -191,8 +201,9 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     # torch's clip costs (benchmarks/NOTES.md, session 4); the norms are summed in fp32 below
     sq_sum = getattr(opt, "grad_sq_sum", None)  # TritonAdamW's one-kernel sum of squares, where it takes these
     total_sq = sq_sum(local) if sq_sum else None
-    if total_sq is None:
-        total_sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
+    if total_sq is None:  # the copies' bf16 gradients are autocast's float32 ones before their cast: normed as those
+        held = [g.float() if sq_sum and g.dtype is torch.bfloat16 else g for g in local]
+        total_sq = torch.stack(torch._foreach_norm(held)).float().square().sum()
     sharded = [g for g in grads if isinstance(g, DTensor)]
     if sharded:  # FSDP2: Shard(0) DTensors; HSDP: (Replicate, Shard(0)) on a 2-D mesh
         placements = sharded[0].placements

@@ -28,6 +28,12 @@ class PrecisionConfig:
     """Also the output layer (LM head, tied or not) in FP8; kept in bf16 by default, as torchao and its users do.
     A large-vocabulary head is much of the FLOPs (llama-1b: 21 % of its linears'); kernels.fused_loss "auto" turns
     off for it (the fused loss computes the head in bf16), an explicit true is an error."""
+    weight_copies: bool | Literal["auto"] = "auto"
+    """bf16 copies of the linear layers' weights, written by the Triton AdamW kernel as it steps the float32 ones:
+    the forward reads them instead of autocast casting every weight each step, and their bf16 gradients reach the
+    kernel without a cast (autocast's values; checkpoints keep the float32 weights). Needs bf16,
+    train.optimizer_impl "triton", train.grad_accum = 1 and one process (bf16 gradients summed over micro-batches or
+    ranks would round where autocast's float32 ones do not), no FP8. "auto": on wherever those hold."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

@@ -28,6 +28,8 @@ from turbotrain.models.structure import on_device
 
 BLOCK = 1024  # elements a program updates, at 4 warps: larger blocks cost registers (the loads are not vectors)
 _WARPS = 4
+COPY_DTYPE = torch.bfloat16  # of the layers' weight copies and their gradients (accel/weight_copies.py)
+_GRAD_DTYPES = (torch.float32, COPY_DTYPE)
 
 
 def triton_problem(device: torch.device) -> str | None:
@@ -58,18 +60,21 @@ def _kernels():
         return offs, offs < tl.load(numels + t), ptrs + row * n_tensors + t
 
     @triton.jit
-    def _at(entry, offset):
-        return tl.load(entry + offset).to(tl.pointer_type(tl.float32))
+    def _at(entry, offset, DTYPE: tl.constexpr):
+        return tl.load(entry + offset).to(tl.pointer_type(DTYPE))
 
     @triton.jit
     def adamw(ptrs, numels, blk_tensor, first_blk, n_tensors, scale_ptr, decay, one_minus_b1, beta2, one_minus_b2,
-              step_size, bc2_sqrt, eps, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+              step_size, bc2_sqrt, eps, HAS_SCALE: tl.constexpr, GRAD_BF16: tl.constexpr, COPY: tl.constexpr,
+              BLOCK: tl.constexpr):
         offs, mask, entry = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
-        p_ptr = _at(entry, 0) + offs
-        g_ptr = _at(entry, n_tensors) + offs
-        m_ptr = _at(entry, 2 * n_tensors) + offs
-        v_ptr = _at(entry, 3 * n_tensors) + offs
-        g = tl.load(g_ptr, mask=mask)
+        p_ptr = _at(entry, 0, tl.float32) + offs
+        m_ptr = _at(entry, 2 * n_tensors, tl.float32) + offs
+        v_ptr = _at(entry, 3 * n_tensors, tl.float32) + offs
+        if GRAD_BF16:
+            g = tl.load(_at(entry, n_tensors, tl.bfloat16) + offs, mask=mask).to(tl.float32)
+        else:
+            g = tl.load(_at(entry, n_tensors, tl.float32) + offs, mask=mask)
         if HAS_SCALE:
             g = tl.div_rn(g, tl.load(scale_ptr))
         p = tl.load(p_ptr, mask=mask) * decay
@@ -80,11 +85,22 @@ def _kernels():
         tl.store(p_ptr, p, mask=mask)
         tl.store(m_ptr, m, mask=mask)
         tl.store(v_ptr, v, mask=mask)
+        if COPY:  # the layer's bf16 copy (accel/weight_copies.py): triton rounds to nearest even, as torch's cast
+            tl.store(_at(entry, 4 * n_tensors, tl.bfloat16) + offs, p.to(tl.bfloat16), mask=mask)
 
     @triton.jit
-    def sq_sum(ptrs, numels, blk_tensor, first_blk, n_tensors, out, BLOCK: tl.constexpr):
+    def sq_sum(ptrs, numels, blk_tensor, first_blk, n_tensors, low, out, MIXED: tl.constexpr, BLOCK: tl.constexpr):
+        """One partial sum a block, in the tensors' order: `low` marks each bf16 tensor (a weight copy's gradient)
+        where MIXED, so the sum is the one of all-float32 gradients, in the same order."""
         offs, mask, entry = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
-        x = tl.load(_at(entry, 0) + offs, mask=mask, other=0.0)
+        x = tl.zeros([BLOCK], dtype=tl.float32)
+        if MIXED:
+            if tl.load(low + tl.load(blk_tensor + tl.program_id(0))) != 0:
+                x = tl.load(_at(entry, 0, tl.bfloat16) + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                x = tl.load(_at(entry, 0, tl.float32) + offs, mask=mask, other=0.0)
+        else:
+            x = tl.load(_at(entry, 0, tl.float32) + offs, mask=mask, other=0.0)
         tl.store(out + tl.program_id(0), tl.sum(x * x))
 
     return adamw, sq_sum
@@ -98,24 +114,34 @@ class _TableCache:
     def __init__(self):
         self.sizes: tuple = ()
         self.addrs: tuple = ()
+        self.want: list = []  # each row's dtypes
 
-    def get(self, rows: list[list[torch.Tensor]]) -> _TableCache | None:
+    def get(self, rows: list[list[torch.Tensor]], dtypes: tuple = ()) -> _TableCache | None:
         """The tables, or None where a tensor does not fit the kernels (`_fits`): checked on every call, the
-        tables' addresses alone do not say the tensors there are still contiguous fp32."""
+        tables' addresses alone do not say the tensors there are still contiguous and of their dtype. `dtypes`: per
+        row, its tensors' dtype, or a tuple of each one's (float32 where it names none); `low` marks row 0's bf16
+        tensors."""
+        want = [(d,) * len(row) if isinstance(d, torch.dtype) else tuple(d)
+                for row, d in zip(rows, dtypes or (torch.float32,) * len(rows))]
         addrs = tuple(t.data_ptr() for row in rows for t in row)
         sizes = tuple(t.numel() for t in rows[0])
-        if addrs == self.addrs and sizes == self.sizes:
+        if addrs == self.addrs and sizes == self.sizes and want == self.want:
             # the same addresses need not be the same layout: a gradient the user set to a transposed view of the
             # old one's storage, a tensor of another dtype where a freed one was; kept only while those still fit.
-            # Parameters and gradients (rows 0-1): the optimizer's own state changes only through a load, which
-            # drops the tables
-            if all(t.is_contiguous() and t.dtype is torch.float32 for row in rows[:2] for t in row):
+            # Parameters, gradients and copies (rows 0, 1, 4): the optimizer's own state changes only through a
+            # load, which drops the tables
+            if all(t.is_contiguous() and t.dtype is d for r in (0, 1, 4) if r < len(rows)
+                   for t, d in zip(rows[r], want[r])):
                 return self
             self.addrs = ()
             return None
         device = rows[0][0].device
-        if not all(_fits(row, device) and [t.numel() for t in row] == list(sizes) for row in rows):
+        if not all(_fits([t], device, d) for row, ds in zip(rows, want) for t, d in zip(row, ds)) \
+                or any([t.numel() for t in row] != list(sizes) for row in rows):
             return None
+        if want[0] != (self.want or [None])[0]:
+            self.low = _to_device([int(d is COPY_DTYPE) for d in want[0]], torch.int32, device)
+        self.want = want
         if sizes != self.sizes:
             counts = [-(-n // BLOCK) for n in sizes]
             first = [0, *itertools.accumulate(counts[:-1])]
@@ -133,40 +159,82 @@ def _to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> t
     return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
-def _fits(tensors: list[torch.Tensor], device: torch.device) -> bool:
-    """The kernels' layout: plain fp32 tensors, contiguous, on `device`."""
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device == device
+def _fits(tensors: list[torch.Tensor], device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """The kernels' layout: plain tensors of `dtype`, contiguous, on `device`."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == dtype and t.device == device
                and t.layout == torch.strided and t.is_contiguous() for t in tensors)
 
 
 def grad_sq_sum(grads: list[torch.Tensor], cache: _TableCache | None = None) -> torch.Tensor | None:
-    """Sum of the squares of every element of `grads` (fp32, one kernel plus a sum of one value per block), or None
-    where the kernel does not take these tensors (the caller uses torch's foreach norm then)."""
+    """Sum of the squares of every element of `grads` (float32, or the bf16 of weight copies: summed in float32, one
+    kernel plus a sum of one value per block), or None where the kernel does not take these tensors (the caller
+    uses torch's foreach norm then)."""
     grads = [g for g in grads if g.numel()]
-    if not grads or triton_problem(grads[0].device):
+    if not grads or triton_problem(grads[0].device) or any(g.dtype not in _GRAD_DTYPES for g in grads):
         return None
-    table = (cache or _TableCache()).get([grads])
+    dtypes = tuple(g.dtype for g in grads)
+    table = (cache or _TableCache()).get([grads], (dtypes,))
     if table is None:
         return None
     out = torch.empty(table.n_blocks, dtype=torch.float32, device=grads[0].device)
     _, sq_sum = _kernels()
     with on_device(out.device):
-        sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors, out,
-                                  BLOCK=BLOCK, num_warps=_WARPS)
+        sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
+                                  table.low, out, MIXED=COPY_DTYPE in dtypes, BLOCK=BLOCK, num_warps=_WARPS)
     return out.sum()
 
 
 class TritonAdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (foreach, same state) whose step is one Triton launch per parameter group on a GPU."""
+    """torch.optim.AdamW (foreach, same state) whose step is one Triton launch per parameter group on a GPU.
+
+    `copies`: (float32 parameter, its layer's bf16 copy) pairs (accel/weight_copies.py). The kernel writes each copy
+    as it steps the parameter; a weight's gradient is its copy's (bf16), a bias's its own (float32)."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2):
+                 weight_decay: float = 1e-2, copies: list[tuple[torch.Tensor, torch.Tensor]] = ()):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
-        self._tables: dict[int, _TableCache] = {}  # per param group
-        self._parts: dict[int, list] = {}  # per param group whose step counts differ: (tables, indices) per count
+        self._tables: dict[tuple, _TableCache] = {}  # per param group and kind (`_kind`)
+        self._parts: dict[tuple, list] = {}  # per group and kind whose step counts differ: (tables, indices) a count
         self._norm_table = _TableCache()
         self._built: set[str] = set()  # the kernels that have launched
         self._broken = ""  # why the kernels could not be built
+        held = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) not in held or c.shape != p.shape or c.dtype is not COPY_DTYPE for p, c in copies):
+            raise ValueError("TritonAdamW: a copy's parameter is not one it steps, or the copy is not its bf16 twin")
+        self._pairs = list(copies)
+        self._copies = {id(p): c for p, c in copies}
+        self._seen = [None] * len(self._pairs)  # each parameter's (version, address) when its copy was last written
+
+    def grad_of(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The gradient this step applies to `p`: a copied weight's is its copy's. A weight that also got one of its
+        own (read directly besides through its layer) gets the sum, in float32, on itself."""
+        copy = self._copies.get(id(p))
+        if copy is None or copy.grad is None:
+            return p.grad
+        if p.grad is None:
+            return copy.grad
+        p.grad.add_(copy.grad)
+        copy.grad = None
+        return p.grad
+
+    @torch.no_grad()
+    def sync_copies(self) -> None:
+        """Before a forward: every copy equal to its parameter (a checkpoint load or an in-place edit changed the
+        parameter: torch's version counter moved, or the tensor was replaced), and no copy holding a gradient left
+        by a backward outside the train step. The kernel's own writes move no counter."""
+        stale = [i for i, (p, _) in enumerate(self._pairs) if self._seen[i] != (p._version, p.data_ptr())]
+        if stale:
+            torch._foreach_copy_([self._pairs[i][1] for i in stale], [self._pairs[i][0] for i in stale])
+            for i in stale:
+                self._seen[i] = (self._pairs[i][0]._version, self._pairs[i][0].data_ptr())
+        for _, c in self._pairs:
+            c.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for _, c in self._pairs:
+            if c.grad is not None:
+                c.grad = None if set_to_none else c.grad.zero_()
 
     def grad_sq_sum(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
         """The gradients' squared norm in one kernel, or None (torch's foreach norm then)."""
@@ -230,7 +298,7 @@ class TritonAdamW(torch.optim.AdamW):
         scale = getattr(self, "grad_scale", None)
         adamw, _ = _kernels()
         for group, plan in zip(self.param_groups, plans):
-            for table, steps in plan or ():
+            for table, steps, (grad_bf16, copy) in plan or ():
                 t = float(steps[0]) + 1
                 lr, (beta1, beta2) = float(group["lr"]), group["betas"]
                 if table.n_blocks:  # zero-size parameters count steps too (torch's do), with no blocks
@@ -239,14 +307,19 @@ class TritonAdamW(torch.optim.AdamW):
                             table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
                             scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"],
                             1.0 - beta1, beta2, 1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t),
-                            group["eps"], HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=_WARPS)
+                            group["eps"], HAS_SCALE=scale is not None, GRAD_BF16=grad_bf16, COPY=copy, BLOCK=BLOCK,
+                            num_warps=_WARPS)
                     self._built.add("adamw")
                 torch._foreach_add_(steps, 1)
 
+    def _kind(self, p: torch.Tensor) -> tuple[bool, bool]:
+        """(its gradient is bf16, it has a copy to write): the kernel's variant for `p`, one launch per kind."""
+        return self.grad_of(p).dtype is COPY_DTYPE, id(p) in self._copies
+
     def _plan(self, i: int, group: dict):
-        """[(the tables, the step counts)] of the group's parameters with a gradient, one launch per step count;
-        None: nothing to update; False: this step runs torch's foreach AdamW."""
-        live = [p for p in group["params"] if p.grad is not None]
+        """[(the tables, the step counts, the kind)] of the group's parameters with a gradient, one launch per kind
+        and step count; None: nothing to update; False: this step runs torch's foreach AdamW."""
+        live = [p for p in group["params"] if self.grad_of(p) is not None]
         if not live:
             return None
         scale = getattr(self, "grad_scale", None)
@@ -255,6 +328,18 @@ class TritonAdamW(torch.optim.AdamW):
                 or scale is not None and not (isinstance(scale, torch.Tensor) and scale.device == live[0].device
                                               and scale.numel() == 1 and scale.dtype == torch.float32)):
             return False
+        kinds = [self._kind(p) for p in live]
+        plan = []
+        for kind in sorted(set(kinds)):
+            part = self._plan_kind((i, kind), [p for p, k in zip(live, kinds) if k == kind], kind)
+            if part is False:
+                return False
+            plan += [(table, steps, kind) for table, steps in part]
+        return plan
+
+    def _plan_kind(self, key: tuple, live: list, kind: tuple[bool, bool]):
+        """[(the tables, the step counts)] of parameters of one kind, one launch per step count; False: torch's
+        foreach AdamW steps."""
         states = [self.state[p] for p in live]
         fresh = False  # a state created now (a parameter's first step, a state the user dropped) can sit where a
         for p, st in zip(live, states):  # freed one was: same addresses, another step count
@@ -264,16 +349,22 @@ class TritonAdamW(torch.optim.AdamW):
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         steps = [st["step"] for st in states]
-        cache = self._tables.setdefault(i, _TableCache())
+        cache = self._tables.setdefault(key, _TableCache())
         known = cache.addrs
-        rows = [live, [p.grad for p in live], [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states]]
-        table = cache.get(rows)
+        rows = [live, [self.grad_of(p) for p in live], [st["exp_avg"] for st in states],
+                [st["exp_avg_sq"] for st in states]]
+        f32, grad_bf16, copy = torch.float32, *kind
+        dtypes = (f32, COPY_DTYPE if grad_bf16 else f32, f32, f32)
+        if copy:
+            rows.append([self._copies[id(p)] for p in live])
+            dtypes += (COPY_DTYPE,)
+        table = cache.get(rows, dtypes)
         if table is None:
             return False
         if table.addrs == known and not fresh:  # the same tensors as last step: they stepped together
-            parts = self._parts.get(i)
+            parts = self._parts.get(key)
             return [(sub, [steps[k] for k in idx]) for sub, idx in parts] if parts else [(table, steps)]
-        self._parts.pop(i, None)
+        self._parts.pop(key, None)
         if any(s.device.type != "cpu" for s in steps):  # new tensors: their steps, once
             cache.addrs = ()  # checked again next step
             return False
@@ -282,13 +373,18 @@ class TritonAdamW(torch.optim.AdamW):
             return [(table, steps)]
         # a parameter that got no gradient some steps (frozen a while, unused) counts fewer: its bias correction
         # differs, so each step count is a launch of its own
-        self._parts[i] = [(_TableCache().get([[row[k] for k in idx] for row in rows]), idx) for idx in
-                          ([k for k, c in enumerate(counts) if c == n] for n in sorted(set(counts)))]
-        return [(sub, [steps[k] for k in idx]) for sub, idx in self._parts[i]]
+        self._parts[key] = [(_TableCache().get([[row[k] for k in idx] for row in rows], dtypes), idx) for idx in
+                            ([k for k, c in enumerate(counts) if c == n] for n in sorted(set(counts)))]
+        return [(sub, [steps[k] for k in idx]) for sub, idx in self._parts[key]]
 
     def _foreach_step(self) -> None:
-        """torch's foreach AdamW, with a folded clip's scale applied first (torch takes it only in the fused kernel)."""
+        """torch's foreach AdamW, with a folded clip's scale applied first (torch takes it only in the fused kernel).
+        A copied weight's bf16 gradient goes to it in float32 first, and the copies are written after."""
         scale = self.__dict__.pop("grad_scale", None)
+        for p, c in self._pairs:
+            if c.grad is not None:
+                p.grad = self.grad_of(p).float()
+                c.grad = None
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if scale is not None and grads:  # the kernel reads any one-element tensor; torch's division takes a 0-d one
             torch._foreach_div_(grads, scale.reshape(()).to(grads[0].device) if isinstance(scale, torch.Tensor)
@@ -298,3 +394,6 @@ class TritonAdamW(torch.optim.AdamW):
         finally:
             if scale is not None:
                 self.grad_scale = scale
+            if self._pairs:
+                self._seen = [None] * len(self._pairs)
+                self.sync_copies()

@@ -31,6 +31,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from turbotrain.accel.weight_copies import CopiedLinear, compute_params
 from turbotrain.models.structure import on_device, op_switch
 
 _STATE = {"on": False}
@@ -103,8 +104,8 @@ def gelu_mlp(x: torch.Tensor, fc: torch.nn.Linear, out: torch.nn.Linear) -> torc
         return out(F.gelu(fc(x), approximate="tanh"))  # a wrong width or device: torch's own error
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).to(dt)
-    g, h = torch.ops.turbotrain.linear_gelu(x2, fc.weight.to(dt), fc.bias.to(dt))
-    y = torch.ops.turbotrain.gelu_linear(g, h, out.weight.to(dt), out.bias.to(dt))
+    g, h = torch.ops.turbotrain.linear_gelu(x2, *compute_params(fc, dt))
+    y = torch.ops.turbotrain.gelu_linear(g, h, *compute_params(out, dt))
     return y.view(*shape[:-1], y.shape[-1])
 
 
@@ -112,7 +113,7 @@ def _applies(fc: torch.nn.Module | None, out: torch.nn.Module | None) -> bool:
     """Plain nn.Linear layers (not an FP8 or other converted linear, whose own GEMM must run) holding plain
     tensors (not sharded DTensors), with biases and sizes cuBLASLt's 16-bit epilogues take (multiples of 8)."""
     linears = (fc, out)
-    if any(type(m) is not torch.nn.Linear or m.bias is None for m in linears):
+    if any(type(m) not in (torch.nn.Linear, CopiedLinear) or m.bias is None for m in linears):
         return False
     if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for m in linears for t in (m.weight, m.bias)):
         return False

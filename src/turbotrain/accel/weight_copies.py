@@ -1,0 +1,115 @@
+"""bf16 copies of the linear layers' weights, kept by the optimizer (`precision.weight_copies`).
+
+Under bf16 autocast every step casts each linear's float32 weight and bias to bf16 before its GEMM, and casts each
+bf16 weight gradient back to float32 for the optimizer: two kernels per tensor per step, ~300 on GPT-2, each a
+launch plus a read and a write. Here each trainable, unshared nn.Linear carries a bf16 copy of its weight and bias
+(non-persistent buffers: checkpoints hold the float32 weights as before); the forward reads the copies, their bf16
+gradients go to the Triton AdamW kernel as they are, and the kernel writes the new copies as it steps the float32
+weights (accel/triton_adamw.py). The values are autocast's own: round-to-nearest bf16 of the float32 weight, and
+the same bf16 gradient that autocast would cast up. Exact only with one micro-batch a step in one process
+(accumulating or all-reducing bf16 gradients would round where autocast's float32 ones do not): the resolver turns
+it on only there. A bias's gradient is a sum over the tokens that the compiler keeps in float32 under autocast: it
+goes to the float32 bias (`_CastUp`), the cast fused into the sum.
+
+The optimizer owns the pairing: `TritonAdamW.sync_copies()` (called before each forward) copies a float32 weight
+that changed outside its step (a checkpoint load, an in-place edit: torch's version counter says so) and drops a
+copy's gradient left by a backward outside the step. Outside bf16 autocast a layer reads its float32 weights."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DTYPE = torch.bfloat16
+
+
+class CopiedLinear(nn.Linear):
+    """nn.Linear whose forward under bf16 autocast reads `weight_copy` / `bias_copy` (bf16 buffers)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if reads_copies(x):
+            return F.linear(x, self.weight_copy, _bias(self))
+        return F.linear(x, self.weight, self.bias)
+
+
+class _CastUp(torch.autograd.Function):
+    """The bf16 copy forward; its gradient to the float32 parameter, cast up (autocast's cast backward). The bias's
+    gradient is a sum over the tokens, into which the compiler fuses the cast: kept float32, as autocast's is."""
+
+    @staticmethod
+    def forward(ctx, param: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(torch.float32), None
+
+
+def _bias(m: nn.Module) -> torch.Tensor | None:
+    return None if m.bias is None else _CastUp.apply(m.bias, m.bias_copy)
+
+
+def reads_copies(x: torch.Tensor) -> bool:
+    """Whether a layer's forward on `x` computes in the copies' dtype (bf16 autocast on x's device)."""
+    kind = x.device.type
+    return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == DTYPE
+
+
+def compute_params(linear: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of `linear` in `dtype` for a GEMM of one's own (models/gelu_epilogue.py): its copies where it
+    has them in that dtype, else a cast of its float32 ones, as autocast would."""
+    if isinstance(linear, CopiedLinear) and dtype == DTYPE:
+        return linear.weight_copy, _bias(linear)
+    bias = linear.bias.to(dtype) if linear.bias is not None else None
+    return linear.weight.to(dtype), bias
+
+
+def candidates(model: nn.Module, skip: nn.Module | None = None) -> list[nn.Linear]:
+    """The linears that get copies: plain nn.Linear (not an FP8 or other converted one, whose own GEMM runs), float32
+    trainable weight and bias held by no other module (a tied head's weight is the embedding's, read as float32
+    there), plain tensors (not sharded DTensors); `skip`: a layer whose weight something else reads directly (the
+    fused loss reads the head's)."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    found = []
+    for m in model.modules():
+        if type(m) is not nn.Linear or m is skip:
+            continue
+        ps = [p for p in (m.weight, m.bias) if p is not None]
+        if all(type(p) is nn.Parameter and p.dtype == torch.float32 and p.requires_grad and owners[id(p)] == 1
+               and p.device.type != "meta" for p in ps):
+            found.append(m)
+    return found
+
+
+@torch.no_grad()
+def apply_weight_copies(model: nn.Module, enabled: bool, skip: nn.Module | None = None) -> int:
+    """Give each candidate linear of `model` its bf16 copies (after the device move, before compile traces the
+    forward). Returns how many layers got them."""
+    if not enabled:
+        return 0
+    layers = candidates(model, skip)
+    for m in layers:
+        m.register_buffer("weight_copy", m.weight.detach().to(DTYPE).requires_grad_(), persistent=False)
+        m.register_buffer("bias_copy", m.bias.detach().to(DTYPE) if m.bias is not None else None, persistent=False)
+        m.__class__ = CopiedLinear
+    return len(layers)
+
+
+def remove_weight_copies(model: nn.Module) -> None:
+    """The model's linears as they were (after a run, or a failed start)."""
+    for m in model.modules():
+        if isinstance(m, CopiedLinear):
+            del m.weight_copy, m.bias_copy
+            m.__class__ = nn.Linear
+
+
+def copies_of(model: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(float32 parameter, its bf16 copy) for every copied weight and bias of `model`."""
+    pairs = []
+    for m in model.modules():
+        if isinstance(m, CopiedLinear):
+            pairs += [(p, c) for p, c in ((m.weight, m.weight_copy), (m.bias, m.bias_copy)) if c is not None]
+    return pairs
