@@ -117,8 +117,8 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
 
 def give_back(model: nn.Module, device: torch.device, channels_last: bool) -> None:
     """The user's model as they built it, after a run (or a failed start): torch's own layers back (kernels.convnet,
-    precision.weight_copies and precision.fp8 rewrite them in place), no activation-checkpoint wrappers, parameters contiguous again after
-    channels_last."""
+    precision.weight_copies and precision.fp8 rewrite them in place), no activation-checkpoint wrappers, parameters
+    contiguous again after channels_last."""
     set_convnet_kernels(model, False, device)
     remove_weight_copies(model)
     remove_fp8(model)

@@ -341,7 +341,8 @@ def _weight_copies_blocker(cfg: Config, facts: Facts) -> str | None:
     if facts.world_size > 1:
         return f"is exact in one process, but {facts.world_size} processes would all-reduce bf16 gradients"
     if not facts.copy_linears:
-        return "copies plain nn.Linear layers with float32 trainable weights held by no other module; this model has none"
+        return ("copies plain nn.Linear layers with float32 trainable weights held by no other module; this model has "
+                "none")
     return None
 
 

@@ -92,3 +92,49 @@ def test_a_gpu_run_takes_it_and_trains_the_fused_kernels_curve(tmp_path):
     assert cfg["train"]["optimizer_impl"] == "triton"
     got, ref = losses(tmp_path, "auto"), losses(tmp_path, "fused")
     assert len(got) == len(ref) == 8 and all(abs(x - y) <= 2e-3 * abs(y) for x, y in zip(got, ref)), (got, ref)
+
+
+def test_weight_copies_kernel_reads_bf16_gradients_and_writes_the_copies():
+    """precision.weight_copies: a weight's gradient is its bf16 copy's, the kernel writes the copy; the result is the
+    kernel's over the same gradients in float32, and each copy is torch's round-to-nearest cast of its weight."""
+    ps, qs, a, _ = _pair()
+    copies = [(p, p.detach().to(torch.bfloat16).requires_grad_()) for p in ps if p.dim() == 2]
+    def groups(xs):
+        return [{"params": [x for x in xs if x.dim() >= 2], "weight_decay": 0.1},
+                {"params": [x for x in xs if x.dim() < 2], "weight_decay": 0.0}]
+    a = ta.TritonAdamW(groups(ps), lr=1e-3, betas=(0.9, 0.95), copies=copies)
+    b = ta.TritonAdamW(groups(qs), lr=1e-3, betas=(0.9, 0.95))
+    held = dict((id(p), c) for p, c in copies)
+    for step in range(4):
+        g = torch.Generator(device="cuda").manual_seed(100 + step)
+        for p, q in zip(ps, qs):
+            grad = (torch.randn(p.shape, device="cuda", generator=g) * 0.1).to(torch.bfloat16)
+            if id(p) in held:
+                held[id(p)].grad = grad
+            else:
+                p.grad = grad.float()
+            q.grad = grad.float()
+        na, nb = (topt.clip_grad_norm(xs, 1.0, opt=o) for xs, o in ((ps, a), (qs, b)))
+        assert na.item() == nb.item()  # the blocks' partial sums in the same order
+        for o in (a, b):
+            o.step()
+            o.__dict__.pop("grad_scale", None)
+            o.zero_grad()
+    assert max(_rel(p, q) for p, q in zip(ps, qs)) < 1e-6
+    assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for p, c in copies)
+    assert any(kind == (True, True) for _, kind in a._tables) and all(c.addrs for c in a._tables.values())
+
+
+def test_a_gpu_run_takes_weight_copies_and_trains_the_same_curve(tmp_path):
+    import tomllib
+
+    from tests.helpers import losses, tiny_gpt
+    from turbotrain.trainer import train
+
+    for name, on in (("copies", "auto"), ("plain", "false")):
+        train(tiny_gpt(tmp_path, "run.device=cuda", "train.steps=12", f"run.name={name!r}",
+                       f"precision.weight_copies={on}"))
+    cfg = tomllib.loads((tmp_path / "copies" / "config.toml").read_text())
+    assert cfg["precision"]["weight_copies"] is True and cfg["train"]["optimizer_impl"] == "triton"
+    got, ref = losses(tmp_path, "copies"), losses(tmp_path, "plain")
+    assert len(got) == len(ref) == 12 and all(abs(x - y) <= 2e-3 * abs(y) for x, y in zip(got, ref)), (got, ref)

@@ -66,7 +66,7 @@ def _train(model, opt, register, steps, clip=1.0):
 
 
 @pytest.mark.parametrize("direct", [False, True])
-def test_copies_train_autocasts_weights_bit_for_bit(emulated, direct):
+def test_copies_train_autocasts_weights_bit_for_bit(emulated, direct):  # noqa: F811
     a, b = _nets(direct)
     assert wc.apply_weight_copies(b, True) == 2  # fc and out; the tied head reads the embedding's float32 weight
     assert type(b.head) is nn.Linear and not hasattr(b.head, "weight_copy")
@@ -98,7 +98,7 @@ def test_a_weight_gradient_reaches_the_step_as_the_copys_bf16_and_biases_as_floa
     assert b.fc.bias_copy.grad is None
 
 
-def test_under_compile_the_gradients_are_autocasts(emulated):
+def test_under_compile_the_gradients_are_autocasts(emulated):  # noqa: F811
     a, b = _nets()
     wc.apply_weight_copies(b, True)
     idx = torch.randint(0, 50, (2, 8))
@@ -118,7 +118,7 @@ def test_outside_bf16_autocast_a_layer_reads_its_float32_weights():
         assert torch.equal(a(idx), b(idx))
 
 
-def test_copies_follow_a_load_and_an_in_place_edit_and_stale_gradients_go(emulated):
+def test_copies_follow_a_load_and_an_in_place_edit_and_stale_gradients_go(emulated):  # noqa: F811
     _, b = _nets()
     wc.apply_weight_copies(b, True)
     opt = _opt(b, wc.copies_of(b))
@@ -137,7 +137,7 @@ def test_copies_follow_a_load_and_an_in_place_edit_and_stale_gradients_go(emulat
     assert b.fc.weight_copy.grad is None and b.out.weight_copy.grad is None
 
 
-def test_a_fallback_step_writes_the_copies_too(emulated):
+def test_a_fallback_step_writes_the_copies_too(emulated):  # noqa: F811
     a, b = _nets()
     wc.apply_weight_copies(b, True)
     oa, ob = _opt(a), _opt(b, wc.copies_of(b))
@@ -150,7 +150,7 @@ def test_a_fallback_step_writes_the_copies_too(emulated):
         assert torch.equal(c, p.detach().to(torch.bfloat16))
 
 
-def test_the_norm_counts_the_copies_gradients(emulated):
+def test_the_norm_counts_the_copies_gradients(emulated):  # noqa: F811
     a, b = _nets()
     wc.apply_weight_copies(b, True)
     oa, ob = _opt(a), _opt(b, wc.copies_of(b))
