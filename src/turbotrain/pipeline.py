@@ -53,9 +53,8 @@ class Trainee:
 
 def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.device, world: int, dtype: str,
                      mem: MemoryConfig, comp: CompileConfig, par: ParallelConfig,
-                     seed: int = 0, *, fp8: str = "off", fp8_head: bool = False,
-                     fused_loss: bool = False, convnet: bool = False,
-                     weight_copies: bool = False) -> tuple[nn.Module, nn.Module, list]:
+                     seed: int = 0, *, fp8: str = "off", fp8_head: bool = False, fused_loss: bool = False,
+                     convnet: bool = False, weight_copies: bool = False) -> tuple[nn.Module, nn.Module, list]:
     """(model, step_module, compiled) with every technique applied, in this order:
     1. TF32 switch: a process-wide matmul setting, fixed before anything runs.
     2. pipeline split (strategy="pipeline"): each rank keeps its stage of blocks before the device move, so
@@ -67,8 +66,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     4. FP8 linears (precision.fp8): after the move (no FP8 weight subclass is ever moved); before compile (dynamo
        fuses the amax/scale/cast ops into neighbouring kernels: FP8's gain depends on it), FSDP2 (it shards the
        FP8-aware weights, all-gathers them in FP8) and activation checkpointing (the swap sees plain blocks).
-    5. channels_last (parameters in NHWC), then the convnet kernels' layer rewrites, then the linears' bf16 weight
-       copies (precision.weight_copies; not the head the fused loss reads directly): before compile traces them.
+    5. channels_last, convnet layer rewrites, the linears' bf16 weight copies: before compile traces them.
     6. activation checkpointing: wraps the block forwards, so compile (next) traces the recompute regions.
     7. per-block compile (scope="blocks"): before DDP/FSDP2 wrap the blocks, so each block is one graph.
     8. DDP, FSDP2/HSDP or the pipeline schedule. DDP wraps model + loss: dynamo breaks the graph at DDP's
@@ -93,7 +91,7 @@ def apply_techniques(model: nn.Module, loss_fn: LossFn | None, device: torch.dev
     apply_fp8(model, fp8, fsdp=fsdp_sharded(par, world), head=fp8_head)
     model = apply_channels_last(model) if mem.channels_last else model
     set_convnet_kernels(model, convnet, device)  # off: a model rewritten by an earlier run gets its layers back
-    apply_weight_copies(model, weight_copies, skip=output_layer(model) if fused_loss else None)
+    apply_weight_copies(model, weight_copies, skip=output_layer(model) if fused_loss else None)  # it reads the head
     apply_activation_checkpointing(model, mem.activation_checkpointing, comp.backend)
     compiled = apply_compile(model, comp) if comp.scope == "blocks" else []
     if par.strategy == "ddp":

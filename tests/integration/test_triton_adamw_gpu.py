@@ -132,7 +132,7 @@ def test_a_gpu_run_takes_weight_copies_and_trains_the_same_curve(tmp_path):
     from turbotrain.trainer import train
 
     for name, on in (("copies", "auto"), ("plain", "false")):
-        train(tiny_gpt(tmp_path, "run.device=cuda", "train.steps=12", f"run.name={name!r}",
+        train(tiny_gpt(tmp_path, "run.device=cuda", "train.steps=12", f"run.name={name!r}", "precision.dtype=bf16",
                        f"precision.weight_copies={on}"))
     cfg = tomllib.loads((tmp_path / "copies" / "config.toml").read_text())
     assert cfg["precision"]["weight_copies"] is True and cfg["train"]["optimizer_impl"] == "triton"

@@ -9,7 +9,7 @@ weights (accel/triton_adamw.py). The values are autocast's own: round-to-nearest
 the same bf16 gradient that autocast would cast up. Exact only with one micro-batch a step in one process
 (accumulating or all-reducing bf16 gradients would round where autocast's float32 ones do not): the resolver turns
 it on only there. A bias's gradient is a sum over the tokens that the compiler keeps in float32 under autocast: it
-goes to the float32 bias (`_CastUp`), the cast fused into the sum.
+goes to the float32 bias (models/structure.compute_params), the cast fused into the sum.
 
 The optimizer owns the pairing: `TritonAdamW.sync_copies()` (called before each forward) copies a float32 weight
 that changed outside its step (a checkpoint load, an in-place edit: torch's version counter says so) and drops a
@@ -20,48 +20,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from turbotrain.models.structure import compute_params
+
 DTYPE = torch.bfloat16
 
 
 class CopiedLinear(nn.Linear):
     """nn.Linear whose forward under bf16 autocast reads `weight_copy` / `bias_copy` (bf16 buffers)."""
 
+    carries_weight_copies = True  # models/structure.compute_params reads them for GEMMs of a model's own
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if reads_copies(x):
-            return F.linear(x, self.weight_copy, _bias(self))
+            return F.linear(x, *compute_params(self, DTYPE))
         return F.linear(x, self.weight, self.bias)
-
-
-class _CastUp(torch.autograd.Function):
-    """The bf16 copy forward; its gradient to the float32 parameter, cast up (autocast's cast backward). The bias's
-    gradient is a sum over the tokens, into which the compiler fuses the cast: kept float32, as autocast's is."""
-
-    @staticmethod
-    def forward(ctx, param: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
-        return copy.view_as(copy)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad.to(torch.float32), None
-
-
-def _bias(m: nn.Module) -> torch.Tensor | None:
-    return None if m.bias is None else _CastUp.apply(m.bias, m.bias_copy)
 
 
 def reads_copies(x: torch.Tensor) -> bool:
     """Whether a layer's forward on `x` computes in the copies' dtype (bf16 autocast on x's device)."""
     kind = x.device.type
     return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == DTYPE
-
-
-def compute_params(linear: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of `linear` in `dtype` for a GEMM of one's own (models/gelu_epilogue.py): its copies where it
-    has them in that dtype, else a cast of its float32 ones, as autocast would."""
-    if isinstance(linear, CopiedLinear) and dtype == DTYPE:
-        return linear.weight_copy, _bias(linear)
-    bias = linear.bias.to(dtype) if linear.bias is not None else None
-    return linear.weight.to(dtype), bias
 
 
 def candidates(model: nn.Module, skip: nn.Module | None = None) -> list[nn.Linear]:

@@ -31,8 +31,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from turbotrain.accel.weight_copies import CopiedLinear, compute_params
-from turbotrain.models.structure import on_device, op_switch
+from turbotrain.models.structure import compute_params, on_device, op_switch
 
 _STATE = {"on": False}
 _LOCK = threading.Lock()  # descriptors are shared by calls of one shape; their pointers are set per call
@@ -113,7 +112,8 @@ def _applies(fc: torch.nn.Module | None, out: torch.nn.Module | None) -> bool:
     """Plain nn.Linear layers (not an FP8 or other converted linear, whose own GEMM must run) holding plain
     tensors (not sharded DTensors), with biases and sizes cuBLASLt's 16-bit epilogues take (multiples of 8)."""
     linears = (fc, out)
-    if any(type(m) not in (torch.nn.Linear, CopiedLinear) or m.bias is None for m in linears):
+    if any(not (type(m) is torch.nn.Linear or getattr(m, "carries_weight_copies", False)) or m.bias is None
+           for m in linears):
         return False
     if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for m in linears for t in (m.weight, m.bias)):
         return False

@@ -67,6 +67,28 @@ def own_loss(out: Any) -> Any:
     return out
 
 
+def compute_params(linear: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of `linear` in `dtype` for its GEMM: the bf16 copies a layer carries where they are of that
+    dtype (`weight_copy`, `bias_copy`: accel/weight_copies.py), else casts of its own, as autocast would. A copied
+    weight's gradient is its copy's; a bias's goes to the float32 bias (its sum over the tokens keeps float32)."""
+    copy = getattr(linear, "weight_copy", None)
+    if copy is not None and copy.dtype == dtype:
+        return copy, None if linear.bias is None else _CastUp.apply(linear.bias, linear.bias_copy)
+    return linear.weight.to(dtype), None if linear.bias is None else linear.bias.to(dtype)
+
+
+class _CastUp(torch.autograd.Function):
+    """The bf16 copy forward; its gradient to the float32 parameter, cast up (autocast's cast backward)."""
+
+    @staticmethod
+    def forward(ctx, param: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(torch.float32), None
+
+
 def supports_fused_loss(model: nn.Module) -> bool:
     """The fused-loss protocol: `hidden(idx)` gives the final-normed hidden states (B, T, D) and `head` is a
     bias-free nn.Linear (weight possibly tied), with forward(idx) == head(hidden(idx))."""
