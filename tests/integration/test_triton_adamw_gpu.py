@@ -122,7 +122,7 @@ def test_weight_copies_kernel_reads_bf16_gradients_and_writes_the_copies():
             o.zero_grad()
     assert max(_rel(p, q) for p, q in zip(ps, qs)) < 1e-6
     assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for p, c in copies)
-    assert any(kind == (True, True) for _, kind in a._tables) and all(c.addrs for c in a._tables.values())
+    assert a._tables[0].mixed and all(c.addrs for c in a._tables.values())  # one launch a group wrote the copies
 
 
 def test_a_gpu_run_takes_weight_copies_and_trains_the_same_curve(tmp_path):

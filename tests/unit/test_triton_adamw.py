@@ -33,25 +33,26 @@ def _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, block
         yield b, t, slice(start, stop), lambda row, t=t: by_addr[int(ptrs[row * n_tensors + t])]
 
 
-def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, scale_ptr, decay, one_minus_b1, beta2,
-           one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, GRAD_BF16, COPY, BLOCK, num_warps):
-    for _, _, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
+def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, flags, scale_ptr, decay, one_minus_b1,
+           beta2, one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, MIXED, BLOCK, num_warps):
+    for _, t, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
+        f = int(flags[t]) if MIXED else 0
         p, g, m, v = (at(r).view(-1) for r in range(4))
-        assert (g.dtype == torch.bfloat16) == GRAD_BF16 and p.dtype == m.dtype == v.dtype == torch.float32
+        assert (g.dtype == torch.bfloat16) == bool(f & 2) and p.dtype == m.dtype == v.dtype == torch.float32
         g = g[sl].float()
         gs = g / scale_ptr if HAS_SCALE else g
         p[sl] *= decay
         m[sl] += one_minus_b1 * (gs - m[sl])
         v[sl] = v[sl] * beta2 + one_minus_b2 * gs * gs
         p[sl] -= step_size * (m[sl] / (v[sl].sqrt() / bc2_sqrt + eps))
-        if COPY:
+        if f & 16:  # the layer's bf16 weight copy
             at(4).view(-1)[sl] = p[sl].to(torch.bfloat16)
 
 
-def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, low, out, MIXED, BLOCK, num_warps):
+def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, flags, out, MIXED, BLOCK, num_warps):
     for b, t, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
         x = at(0).view(-1)[sl]
-        assert (x.dtype == torch.bfloat16) == (MIXED and bool(low[t]))
+        assert (x.dtype == torch.bfloat16) == (MIXED and bool(int(flags[t]) & 1))
         out[b] = x.float().square().sum()
 
 
@@ -136,7 +137,7 @@ def test_kernel_path_matches_torch_foreach_adamw(emulated, clip):
         for p, q in zip(ps, qs):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
     assert a.state_dict()["state"][0]["step"] == b.state_dict()["state"][0]["step"] == 5.0
-    assert a._tables[0, (False, False)].addrs and a._tables[1, (False, False)].addrs  # the kernel took both groups
+    assert a._tables[0].addrs and a._tables[1].addrs  # the kernel took both groups
 
 
 def test_tables_cover_every_element_once_and_are_rebuilt_only_on_change(emulated, monkeypatch):
@@ -167,7 +168,7 @@ def test_tensors_the_kernel_does_not_take_fall_back_to_torch(emulated):
         _step(b, qs, 0.5)
         for p, q in zip(ps, qs):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
-    assert not a._tables[0, (False, False)].addrs  # the kernel never took these tensors
+    assert not a._tables[0].addrs  # the kernel never took these tensors
 
 
 def test_differing_step_counts_fall_back_to_torch(emulated):

@@ -52,29 +52,40 @@ def _kernels():
 
     @triton.jit
     def _block(ptrs, row, n_tensors, blk_tensor, first_blk, numels, BLOCK: tl.constexpr):
-        """This program's block: the element offsets into its tensor, their mask, and the tensor's pointer in
-        `row` of the table (the others follow n_tensors apart)."""
+        """This program's block: the element offsets into its tensor, their mask, the tensor's pointer in `row` of
+        the table (the others follow n_tensors apart), and the tensor's index."""
         b = tl.program_id(0)
         t = tl.load(blk_tensor + b)
         offs = (b - tl.load(first_blk + t)).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        return offs, offs < tl.load(numels + t), ptrs + row * n_tensors + t
+        return offs, offs < tl.load(numels + t), ptrs + row * n_tensors + t, t
 
     @triton.jit
     def _at(entry, offset, DTYPE: tl.constexpr):
         return tl.load(entry + offset).to(tl.pointer_type(DTYPE))
 
     @triton.jit
-    def adamw(ptrs, numels, blk_tensor, first_blk, n_tensors, scale_ptr, decay, one_minus_b1, beta2, one_minus_b2,
-              step_size, bc2_sqrt, eps, HAS_SCALE: tl.constexpr, GRAD_BF16: tl.constexpr, COPY: tl.constexpr,
+    def _load(entry, offset, offs, mask, bf16):
+        """Float32 values of a row's tensor, read as bf16 where `bf16` (a runtime flag, one branch per program)."""
+        if bf16:
+            x = tl.load(_at(entry, offset, tl.bfloat16) + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(_at(entry, offset, tl.float32) + offs, mask=mask, other=0.0)
+        return x
+
+    @triton.jit
+    def adamw(ptrs, numels, blk_tensor, first_blk, n_tensors, flags, scale_ptr, decay, one_minus_b1, beta2,
+              one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE: tl.constexpr, MIXED: tl.constexpr,
               BLOCK: tl.constexpr):
-        offs, mask, entry = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
+        """MIXED: `flags` (per tensor, bit r where row r holds bf16) marks a weight copy's bf16 gradient (row 1)
+        and the copy to write (row 4, accel/weight_copies.py)."""
+        offs, mask, entry, t = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
+        f = 0
+        if MIXED:
+            f = tl.load(flags + t)
         p_ptr = _at(entry, 0, tl.float32) + offs
         m_ptr = _at(entry, 2 * n_tensors, tl.float32) + offs
         v_ptr = _at(entry, 3 * n_tensors, tl.float32) + offs
-        if GRAD_BF16:
-            g = tl.load(_at(entry, n_tensors, tl.bfloat16) + offs, mask=mask).to(tl.float32)
-        else:
-            g = tl.load(_at(entry, n_tensors, tl.float32) + offs, mask=mask)
+        g = _load(entry, n_tensors, offs, mask, (f & 2) != 0)
         if HAS_SCALE:
             g = tl.div_rn(g, tl.load(scale_ptr))
         p = tl.load(p_ptr, mask=mask) * decay
@@ -85,22 +96,18 @@ def _kernels():
         tl.store(p_ptr, p, mask=mask)
         tl.store(m_ptr, m, mask=mask)
         tl.store(v_ptr, v, mask=mask)
-        if COPY:  # the layer's bf16 copy (accel/weight_copies.py): triton rounds to nearest even, as torch's cast
+        if (f & 16) != 0:  # triton rounds to nearest even, as torch's cast
             tl.store(_at(entry, 4 * n_tensors, tl.bfloat16) + offs, p.to(tl.bfloat16), mask=mask)
 
     @triton.jit
-    def sq_sum(ptrs, numels, blk_tensor, first_blk, n_tensors, low, out, MIXED: tl.constexpr, BLOCK: tl.constexpr):
-        """One partial sum a block, in the tensors' order: `low` marks each bf16 tensor (a weight copy's gradient)
-        where MIXED, so the sum is the one of all-float32 gradients, in the same order."""
-        offs, mask, entry = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
-        x = tl.zeros([BLOCK], dtype=tl.float32)
+    def sq_sum(ptrs, numels, blk_tensor, first_blk, n_tensors, flags, out, MIXED: tl.constexpr, BLOCK: tl.constexpr):
+        """One partial sum a block, in the tensors' order (bf16 ones, a weight copy's gradients, marked in `flags`
+        where MIXED): the sum of the same values in float32 is the same sum."""
+        offs, mask, entry, t = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
+        f = 0
         if MIXED:
-            if tl.load(low + tl.load(blk_tensor + tl.program_id(0))) != 0:
-                x = tl.load(_at(entry, 0, tl.bfloat16) + offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                x = tl.load(_at(entry, 0, tl.float32) + offs, mask=mask, other=0.0)
-        else:
-            x = tl.load(_at(entry, 0, tl.float32) + offs, mask=mask, other=0.0)
+            f = tl.load(flags + t)
+        x = _load(entry, 0, offs, mask, (f & 1) != 0)
         tl.store(out + tl.program_id(0), tl.sum(x * x))
 
     return adamw, sq_sum
@@ -119,8 +126,8 @@ class _TableCache:
     def get(self, rows: list[list[torch.Tensor]], dtypes: tuple = ()) -> _TableCache | None:
         """The tables, or None where a tensor does not fit the kernels (`_fits`): checked on every call, the
         tables' addresses alone do not say the tensors there are still contiguous and of their dtype. `dtypes`: per
-        row, its tensors' dtype, or a tuple of each one's (float32 where it names none); `low` marks row 0's bf16
-        tensors."""
+        row, its tensors' dtype, or a tuple of each one's (float32 where it names none); `flags` holds, per tensor,
+        bit r where row r's is bf16, and `mixed` whether any is."""
         want = [(d,) * len(row) if isinstance(d, torch.dtype) else tuple(d)
                 for row, d in zip(rows, dtypes or (torch.float32,) * len(rows))]
         addrs = tuple(t.data_ptr() for row in rows for t in row)
@@ -139,8 +146,9 @@ class _TableCache:
         if not all(_fits([t], device, d) for row, ds in zip(rows, want) for t, d in zip(row, ds)) \
                 or any([t.numel() for t in row] != list(sizes) for row in rows):
             return None
-        if want[0] != (self.want or [None])[0]:
-            self.low = _to_device([int(d is COPY_DTYPE) for d in want[0]], torch.int32, device)
+        marks = [sum(1 << r for r, row in enumerate(want) if row[k] is COPY_DTYPE) for k in range(len(sizes))]
+        if want != self.want:
+            self.flags, self.mixed = _to_device(marks, torch.int32, device), any(marks)
         self.want = want
         if sizes != self.sizes:
             counts = [-(-n // BLOCK) for n in sizes]
@@ -180,7 +188,7 @@ def grad_sq_sum(grads: list[torch.Tensor], cache: _TableCache | None = None) -> 
     _, sq_sum = _kernels()
     with on_device(out.device):
         sq_sum[(table.n_blocks,)](table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
-                                  table.low, out, MIXED=COPY_DTYPE in dtypes, BLOCK=BLOCK, num_warps=_WARPS)
+                                  table.flags, out, MIXED=table.mixed, BLOCK=BLOCK, num_warps=_WARPS)
     return out.sum()
 
 
@@ -298,27 +306,23 @@ class TritonAdamW(torch.optim.AdamW):
         scale = getattr(self, "grad_scale", None)
         adamw, _ = _kernels()
         for group, plan in zip(self.param_groups, plans):
-            for table, steps, (grad_bf16, copy) in plan or ():
+            for table, steps in plan or ():
                 t = float(steps[0]) + 1
                 lr, (beta1, beta2) = float(group["lr"]), group["betas"]
                 if table.n_blocks:  # zero-size parameters count steps too (torch's do), with no blocks
                     with on_device(table.ptrs.device):
                         adamw[(table.n_blocks,)](
-                            table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors,
+                            table.ptrs, table.numels, table.blk_tensor, table.first_blk, table.n_tensors, table.flags,
                             scale if scale is not None else table.ptrs, 1.0 - lr * group["weight_decay"],
                             1.0 - beta1, beta2, 1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t),
-                            group["eps"], HAS_SCALE=scale is not None, GRAD_BF16=grad_bf16, COPY=copy, BLOCK=BLOCK,
+                            group["eps"], HAS_SCALE=scale is not None, MIXED=table.mixed, BLOCK=BLOCK,
                             num_warps=_WARPS)
                     self._built.add("adamw")
                 torch._foreach_add_(steps, 1)
 
-    def _kind(self, p: torch.Tensor) -> tuple[bool, bool]:
-        """(its gradient is bf16, it has a copy to write): the kernel's variant for `p`, one launch per kind."""
-        return self.grad_of(p).dtype is COPY_DTYPE, id(p) in self._copies
-
     def _plan(self, i: int, group: dict):
-        """[(the tables, the step counts, the kind)] of the group's parameters with a gradient, one launch per kind
-        and step count; None: nothing to update; False: this step runs torch's foreach AdamW."""
+        """[(the tables, the step counts)] of the group's parameters with a gradient, one launch per step count;
+        None: nothing to update; False: this step runs torch's foreach AdamW."""
         live = [p for p in group["params"] if self.grad_of(p) is not None]
         if not live:
             return None
@@ -328,18 +332,6 @@ class TritonAdamW(torch.optim.AdamW):
                 or scale is not None and not (isinstance(scale, torch.Tensor) and scale.device == live[0].device
                                               and scale.numel() == 1 and scale.dtype == torch.float32)):
             return False
-        kinds = [self._kind(p) for p in live]
-        plan = []
-        for kind in sorted(set(kinds)):
-            part = self._plan_kind((i, kind), [p for p, k in zip(live, kinds) if k == kind], kind)
-            if part is False:
-                return False
-            plan += [(table, steps, kind) for table, steps in part]
-        return plan
-
-    def _plan_kind(self, key: tuple, live: list, kind: tuple[bool, bool]):
-        """[(the tables, the step counts)] of parameters of one kind, one launch per step count; False: torch's
-        foreach AdamW steps."""
         states = [self.state[p] for p in live]
         fresh = False  # a state created now (a parameter's first step, a state the user dropped) can sit where a
         for p, st in zip(live, states):  # freed one was: same addresses, another step count
@@ -349,22 +341,16 @@ class TritonAdamW(torch.optim.AdamW):
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         steps = [st["step"] for st in states]
-        cache = self._tables.setdefault(key, _TableCache())
+        cache = self._tables.setdefault(i, _TableCache())
         known = cache.addrs
-        rows = [live, [self.grad_of(p) for p in live], [st["exp_avg"] for st in states],
-                [st["exp_avg_sq"] for st in states]]
-        f32, grad_bf16, copy = torch.float32, *kind
-        dtypes = (f32, COPY_DTYPE if grad_bf16 else f32, f32, f32)
-        if copy:
-            rows.append([self._copies[id(p)] for p in live])
-            dtypes += (COPY_DTYPE,)
+        rows, dtypes = self._rows(live, states)
         table = cache.get(rows, dtypes)
         if table is None:
             return False
         if table.addrs == known and not fresh:  # the same tensors as last step: they stepped together
-            parts = self._parts.get(key)
+            parts = self._parts.get(i)
             return [(sub, [steps[k] for k in idx]) for sub, idx in parts] if parts else [(table, steps)]
-        self._parts.pop(key, None)
+        self._parts.pop(i, None)
         if any(s.device.type != "cpu" for s in steps):  # new tensors: their steps, once
             cache.addrs = ()  # checked again next step
             return False
@@ -373,9 +359,24 @@ class TritonAdamW(torch.optim.AdamW):
             return [(table, steps)]
         # a parameter that got no gradient some steps (frozen a while, unused) counts fewer: its bias correction
         # differs, so each step count is a launch of its own
-        self._parts[key] = [(_TableCache().get([[row[k] for k in idx] for row in rows], dtypes), idx) for idx in
-                            ([k for k, c in enumerate(counts) if c == n] for n in sorted(set(counts)))]
-        return [(sub, [steps[k] for k in idx]) for sub, idx in self._parts[key]]
+        self._parts[i] = [(_TableCache().get([[row[k] for k in idx] for row in rows],
+                                             [[ds[k] for k in idx] for ds in dtypes]), idx)
+                          for idx in ([k for k, c in enumerate(counts) if c == n] for n in sorted(set(counts)))]
+        return [(sub, [steps[k] for k in idx]) for sub, idx in self._parts[i]]
+
+    def _rows(self, live: list, states: list) -> tuple[list, list]:
+        """The kernel's rows (parameters, gradients, exp_avg, exp_avg_sq; and where a parameter has a weight copy,
+        the copies) with each tensor's dtype: a copied weight's gradient is bf16. A parameter without a copy stands
+        in its own copy's place (its flag says not to write it)."""
+        grads = [self.grad_of(p) for p in live]
+        rows = [live, grads, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states]]
+        f32 = (torch.float32,) * len(live)
+        dtypes = [f32, tuple(g.dtype if g.dtype is COPY_DTYPE else torch.float32 for g in grads), f32, f32]
+        if self._copies:
+            copies = [self._copies.get(id(p), p) for p in live]
+            rows.append(copies)
+            dtypes.append(tuple(c.dtype if c.dtype is COPY_DTYPE else torch.float32 for c in copies))
+        return rows, dtypes
 
     def _foreach_step(self) -> None:
         """torch's foreach AdamW, with a folded clip's scale applied first (torch takes it only in the fused kernel).
