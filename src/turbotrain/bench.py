@@ -33,7 +33,7 @@ BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_la
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
             "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
             "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false",
-            "kernels.gelu_epilogue=false"]
+            "kernels.gelu_epilogue=false", "precision.weight_copies=false"]
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
 MIN_STEPS = 2  # a fresh run's first step is warm-up (monitor/run_monitor.py's n_warm), so it times from the second
@@ -57,12 +57,15 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         # the packed op runs in bf16/fp16 only: read this row against the bf16 one
         "packed_attn": ["precision.dtype=bf16", 'kernels.packed_attention="auto"'],
         "gelu_epilogue": ["precision.dtype=bf16", 'kernels.gelu_epilogue="auto"'],  # bf16/fp16 only, as packed_attn
+        # bf16 copies written by the Triton AdamW kernel: read this row against the bf16 and triton_opt ones
+        "weight_copies": ["precision.dtype=bf16", 'train.optimizer_impl="triton"', 'precision.weight_copies="auto"'],
         "convnet": ["kernels.convnet=true", 'memory.channels_last="auto"'],  # the pool kernels need NHWC
         # the tuned DataLoader itself: device residency (which needs no loader) stays off here, on in "all"
         "workers": ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.persistent_workers="auto"'],
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
                 'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"',
-                'kernels.packed_attention="auto"', 'kernels.gelu_epilogue="auto"', *AUTO_DATA],
+                'kernels.packed_attention="auto"', 'kernels.gelu_epilogue="auto"', 'precision.weight_copies="auto"',
+                *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")
@@ -117,7 +120,7 @@ def _optimizer_variants(cfg: Config, model: torch.nn.Module) -> list[str]:
         return []
     plain = all(p.dtype == torch.float32 and p.is_contiguous() for p in model.parameters() if p.requires_grad)
     triton = cfg.train.optimizer == "adamw" and plain and not triton_problem(torch.device("cuda"))
-    return ["fused_opt"] + (["triton_opt"] if triton else [])
+    return ["fused_opt"] + (["triton_opt", "weight_copies"] if triton else [])
 
 
 def _check_optimizer_variant(name: str, cfg: Config) -> None:
@@ -126,17 +129,17 @@ def _check_optimizer_variant(name: str, cfg: Config) -> None:
     from turbotrain.accel.optim import OPTIMIZERS
     from turbotrain.workload import resolve_device
 
-    if name not in ("fused_opt", "triton_opt"):
+    if name not in ("fused_opt", "triton_opt", "weight_copies"):
         return
     if cfg.train.optimizer not in OPTIMIZERS:
         raise UserError(f"--variants {name}: train.optimizer = {cfg.train.optimizer!r} is the user's factory, which "
                         "picks its own kernel (train.optimizer_impl does not reach it): the row would rerun the "
                         "baseline; drop it from --variants")
-    if name == "triton_opt":
+    if name != "fused_opt":  # weight_copies runs triton_opt's kernel too: the copies are its to write
         problem = ("the kernel is AdamW's" if cfg.train.optimizer != "adamw"
                    else triton_problem(resolve_device(cfg.run.device)))
         if problem:
-            raise UserError(f"--variants triton_opt with train.optimizer = {cfg.train.optimizer!r}: {problem}; "
+            raise UserError(f"--variants {name} with train.optimizer = {cfg.train.optimizer!r}: {problem}; "
                             "drop it from --variants (fused_opt measures torch's fused kernel)")
 
 
@@ -417,22 +420,23 @@ def _run_bench(config: str | None, overrides: list[str], variants: list[str] | N
     return result
 
 
-KERNEL_VARIANTS = {"fused_loss": "fused_loss", "packed_attn": "packed_attention", "gelu_epilogue": "gelu_epilogue",
-                   "convnet": "convnet"}  # variants that turn a kernel "auto" (or on): the key the run resolved
+KERNEL_VARIANTS = {"fused_loss": "kernels.fused_loss", "packed_attn": "kernels.packed_attention",
+                   "gelu_epilogue": "kernels.gelu_epilogue", "convnet": "kernels.convnet",
+                   "weight_copies": "precision.weight_copies"}  # variants turning a technique "auto": the key resolved
 
 
 def _resolved_off(variant: str, run_dir: Path) -> str | None:
-    """For a kernel's variant whose run resolved that kernel off (a CPU, an older GPU, a model it does not apply
-    to), what to say: the row then measures the baseline's other settings under the kernel's name."""
+    """For a technique's variant whose run resolved it off (a CPU, an older GPU, a model it does not apply to),
+    what to say: the row then measures the baseline's other settings under the technique's name."""
     import tomllib
 
     key = KERNEL_VARIANTS.get(variant)
     try:
-        value = tomllib.loads((run_dir / "config.toml").read_text())["kernels"][key] if key else None
+        section, name = key.split(".") if key else (None, None)
+        value = tomllib.loads((run_dir / "config.toml").read_text())[section][name] if key else None
     except (OSError, ValueError, KeyError, TypeError):  # the run failed before writing it: its error says why
         return None
-    return f"kernels.{key} resolved off on this run (its config.toml): measured without it" if value is False \
-        else None
+    return f"{key} resolved off on this run (its config.toml): measured without it" if value is False else None
 
 
 # what accel/optim.py and accel/triton_adamw.py say where "triton" hands the step to torch's kernels
@@ -441,9 +445,10 @@ TRITON_FELL_BACK = ("optimizer: the Triton AdamW kernel does not run here",
 
 
 def _optimizer_off(variant: str, log: Path) -> str | None:
-    """For triton_opt, where the run's optimizer did not step with the kernel (a parameter it cannot take, a kernel
-    that failed to build; said in the run's log): the row measures torch's kernel under the Triton kernel's name."""
-    if variant != "triton_opt":
+    """For triton_opt and weight_copies, where the run's optimizer did not step with the kernel (a parameter it
+    cannot take, a kernel that failed to build; said in the run's log): the row measures torch's kernel under the
+    Triton kernel's name."""
+    if variant not in ("triton_opt", "weight_copies"):
         return None
     try:
         said = next((line[line.index(m) + len("optimizer: "):].strip() for line in

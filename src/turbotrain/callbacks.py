@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 from torch import nn
 
+from turbotrain.accel.weight_copies import forget as forget_copies
 from turbotrain.checkpoint import rng_kept
 from turbotrain.errors import UserError
 from turbotrain.log import say_once
@@ -144,6 +145,8 @@ class Hooks:
                 self.model.train(training)
                 say_once(f"warning: {who} switched the model to {'eval' if training else 'train'} mode and left it "
                          f"so; turbotrain switched it back (a hook that runs the model must restore its mode)")
+        if fns:  # a hook may have written weights through .data, which moves no version counter
+            forget_copies(self.model)
         return out
 
     def reads_rows(self) -> bool:

@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     b = with_config("bench", "what each technique buys: speed, memory, loss reached")
     b.add_argument("--variants", default=None, help="comma list (default: sensible per device): baseline,tf32,"
                    "bf16,fp16,compile,accum,channels_last,convnet,act_ckpt,fused_opt,triton_opt,fused_loss,"
-                   "packed_attn,gelu_epilogue,workers,all")
+                   "packed_attn,gelu_epilogue,weight_copies,workers,all")
     b.add_argument("--repeats", type=int, default=1, help="runs per variant; the median is reported")
     b.add_argument("--converge", action="store_true", help="judge convergence parity (val loss within 1%%, acc 0.3 pt)")
     b.add_argument("--compare", default=None, help="comma list of accelerate,fabric: same workload through them")

@@ -217,3 +217,52 @@ def test_the_resolver_turns_it_on_only_where_exact(change, message):
         resolved(True)
     change.clear()
     assert resolved("auto") is True and resolved(True) is True
+
+
+def test_a_callbacks_hook_may_write_weights_through_data_and_the_copies_follow(emulated, tmp_path):  # noqa: F811
+    from turbotrain.callbacks import Callback, Hooks
+
+    class Halve(Callback):
+        def on_step_end(self, state):
+            for p in state.model.parameters():
+                p.data.mul_(0.5)  # moves no version counter
+
+    _, b = _nets()
+    wc.apply_weight_copies(b, True)
+    opt = _opt(b, wc.copies_of(b))
+    _train(b, opt, emulated, 1)
+    Hooks([Halve()], 3, b, tmp_path).call("on_step_end", 1)
+    opt.sync_copies()
+    assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for p, c in wc.copies_of(b))
+
+
+def test_a_layer_frozen_mid_run_stops_training(emulated):  # noqa: F811
+    _, b = _nets()
+    wc.apply_weight_copies(b, True)
+    opt = _opt(b, wc.copies_of(b))
+    _train(b, opt, emulated, 2)
+    b.fc.weight.requires_grad_(False)
+    before = b.fc.weight.detach().clone()
+    _train(b, opt, emulated, 2)
+    assert torch.equal(b.fc.weight, before) and not b.fc.weight_copy.requires_grad
+    b.fc.weight.requires_grad_(True)
+    _train(b, opt, emulated, 1)
+    assert not torch.equal(b.fc.weight, before)
+
+
+def test_a_model_built_on_the_meta_device_counts_its_linears():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    assert len(wc.candidates(model)) == 2  # the resolver's facts come before the model is materialised
+
+
+def test_bench_keeps_the_copies_off_in_its_baseline_and_refuses_them_without_the_kernel():
+    from turbotrain import bench
+    from turbotrain.config import Config
+
+    assert "precision.weight_copies=false" in bench.BASELINE
+    assert 'precision.weight_copies="auto"' in bench.variant_overrides("all", Config())
+    cfg = Config()
+    cfg.run.device = "cpu"
+    with pytest.raises(UserError, match="weight_copies .*GPU"):
+        bench._check_optimizer_variant("weight_copies", cfg)

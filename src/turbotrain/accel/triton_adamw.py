@@ -23,12 +23,13 @@ import math
 
 import torch
 
+from turbotrain.accel import weight_copies
 from turbotrain.log import say
 from turbotrain.models.structure import on_device
 
 BLOCK = 1024  # elements a program updates, at 4 warps: larger blocks cost registers (the loads are not vectors)
 _WARPS = 4
-COPY_DTYPE = torch.bfloat16  # of the layers' weight copies and their gradients (accel/weight_copies.py)
+COPY_DTYPE = weight_copies.DTYPE  # of the layers' weight copies and their gradients
 _GRAD_DTYPES = (torch.float32, COPY_DTYPE)
 
 
@@ -211,13 +212,17 @@ class TritonAdamW(torch.optim.AdamW):
             raise ValueError("TritonAdamW: a copy's parameter is not one it steps, or the copy is not its bf16 twin")
         self._pairs = list(copies)
         self._copies = {id(p): c for p, c in copies}
-        self._seen = [None] * len(self._pairs)  # each parameter's (version, address) when its copy was last written
+        self._leaves = {id(c) for _, c in copies if c.requires_grad}  # weights' copies; a bias's takes no gradient
 
     def grad_of(self, p: torch.Tensor) -> torch.Tensor | None:
         """The gradient this step applies to `p`: a copied weight's is its copy's. A weight that also got one of its
-        own (read directly besides through its layer) gets the sum, in float32, on itself."""
+        own (read directly besides through its layer) gets the sum, in float32, on itself; a weight frozen since
+        its copy's last sync (requires_grad off) gets none."""
         copy = self._copies.get(id(p))
         if copy is None or copy.grad is None:
+            return p.grad
+        if not p.requires_grad:
+            copy.grad = None
             return p.grad
         if p.grad is None:
             return copy.grad
@@ -228,15 +233,18 @@ class TritonAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def sync_copies(self) -> None:
         """Before a forward: every copy equal to its parameter (a checkpoint load or an in-place edit changed the
-        parameter: torch's version counter moved, or the tensor was replaced), and no copy holding a gradient left
-        by a backward outside the train step. The kernel's own writes move no counter."""
-        stale = [i for i, (p, _) in enumerate(self._pairs) if self._seen[i] != (p._version, p.data_ptr())]
+        parameter, or a callback ran: accel/weight_copies.stale), no copy holding a gradient left by a backward
+        outside the train step, and a copy takes a gradient only while its parameter does (a layer frozen
+        mid-run). The kernel's own writes move no version counter."""
+        stale = [(p, c) for p, c in self._pairs if weight_copies.stale(p, c)]
         if stale:
-            torch._foreach_copy_([self._pairs[i][1] for i in stale], [self._pairs[i][0] for i in stale])
-            for i in stale:
-                self._seen[i] = (self._pairs[i][0]._version, self._pairs[i][0].data_ptr())
-        for _, c in self._pairs:
+            torch._foreach_copy_([c for _, c in stale], [p for p, _ in stale])
+            for p, c in stale:
+                weight_copies.written(p, c)
+        for p, c in self._pairs:
             c.grad = None
+            if id(c) in self._leaves and c.requires_grad != p.requires_grad:
+                c.requires_grad_(p.requires_grad)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
@@ -342,12 +350,12 @@ class TritonAdamW(torch.optim.AdamW):
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         steps = [st["step"] for st in states]
         cache = self._tables.setdefault(i, _TableCache())
-        known = cache.addrs
+        known = cache.addrs, cache.want
         rows, dtypes = self._rows(live, states)
         table = cache.get(rows, dtypes)
         if table is None:
             return False
-        if table.addrs == known and not fresh:  # the same tensors as last step: they stepped together
+        if (table.addrs, table.want) == known and not fresh:  # the same tensors as last step: they stepped together
             parts = self._parts.get(i)
             return [(sub, [steps[k] for k in idx]) for sub, idx in parts] if parts else [(table, steps)]
         self._parts.pop(i, None)
@@ -383,9 +391,9 @@ class TritonAdamW(torch.optim.AdamW):
         A copied weight's bf16 gradient goes to it in float32 first, and the copies are written after."""
         scale = self.__dict__.pop("grad_scale", None)
         for p, c in self._pairs:
-            if c.grad is not None:
-                p.grad = self.grad_of(p).float()
-                c.grad = None
+            g = self.grad_of(p)
+            if g is not None and g is not p.grad:
+                p.grad, c.grad = g.float(), None
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if scale is not None and grads:  # the kernel reads any one-element tensor; torch's division takes a 0-d one
             torch._foreach_div_(grads, scale.reshape(()).to(grads[0].device) if isinstance(scale, torch.Tensor)
@@ -395,6 +403,4 @@ class TritonAdamW(torch.optim.AdamW):
         finally:
             if scale is not None:
                 self.grad_scale = scale
-            if self._pairs:
-                self._seen = [None] * len(self._pairs)
-                self.sync_copies()
+            self.sync_copies()  # torch's step moved the parameters' version counters: each copy is written

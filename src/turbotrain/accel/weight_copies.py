@@ -9,20 +9,26 @@ weights (accel/triton_adamw.py). The values are autocast's own: round-to-nearest
 the same bf16 gradient that autocast would cast up. Exact only with one micro-batch a step in one process
 (accumulating or all-reducing bf16 gradients would round where autocast's float32 ones do not): the resolver turns
 it on only there. A bias's gradient is a sum over the tokens that the compiler keeps in float32 under autocast: it
-goes to the float32 bias (models/structure.compute_params), the cast fused into the sum.
+goes to the float32 bias (models/structure.compute_params), the cast fused into the sum. (A layer called more than
+once a forward sums its bias's gradients in float32, where autocast sums their bf16 values before the cast.)
 
 The optimizer owns the pairing: `TritonAdamW.sync_copies()` (called before each forward) copies a float32 weight
-that changed outside its step (a checkpoint load, an in-place edit: torch's version counter says so) and drops a
-copy's gradient left by a backward outside the step. Outside bf16 autocast a layer reads its float32 weights."""
+that changed outside its step (a checkpoint load, an in-place edit: torch's version counter says so; after any
+callback hook, which may write through `.data`: `forget`) and drops a copy's gradient left by a backward outside the
+step. Outside bf16 autocast a layer reads its float32 weights."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from turbotrain.models.structure import compute_params
 
 DTYPE = torch.bfloat16
+# each copy's weight's (version, address) when the copy was last written: torch's version counter moves on every
+# in-place write through the parameter (a checkpoint load, an optimizer of torch's), but not on one through `.data`
+_WRITTEN = WeakTensorKeyDictionary()
 
 
 class CopiedLinear(nn.Linear):
@@ -57,7 +63,7 @@ def candidates(model: nn.Module, skip: nn.Module | None = None) -> list[nn.Linea
             continue
         ps = [p for p in (m.weight, m.bias) if p is not None]
         if all(type(p) is nn.Parameter and p.dtype == torch.float32 and p.requires_grad and owners[id(p)] == 1
-               and p.device.type != "meta" for p in ps):
+               for p in ps):
             found.append(m)
     return found
 
@@ -91,3 +97,19 @@ def copies_of(model: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
         if isinstance(m, CopiedLinear):
             pairs += [(p, c) for p, c in ((m.weight, m.weight_copy), (m.bias, m.bias_copy)) if c is not None]
     return pairs
+
+
+def stale(p: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether `copy` may differ from bf16(`p`): `p` changed since the copy was written, or no write is known."""
+    return _WRITTEN.get(copy) != (p._version, p.data_ptr())
+
+
+def written(p: torch.Tensor, copy: torch.Tensor) -> None:
+    _WRITTEN[copy] = (p._version, p.data_ptr())
+
+
+def forget(model: nn.Module) -> None:
+    """After code that may have written the model's weights through `.data` (a callback's hook): every copy is
+    written again before the next forward."""
+    for _, c in copies_of(model):
+        _WRITTEN.pop(c, None)
