@@ -13,7 +13,11 @@ p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). A `grad_scale` tensor set o
 accel/optim.clip_grad_norm, torch's fused-kernel hook) divides each gradient as it is read. A step the kernel does
 not take (a CPU or non-fp32 tensor, a non-contiguous one, amsgrad/maximize) runs torch's foreach AdamW instead,
 with the same state. Parameters of a group whose step counts differ (one got no gradient some steps: its bias
-correction is another) are one launch per step count."""
+correction is another) are one launch per step count.
+
+With weight copies (accel/weight_copies.py) a table's `flags` mark, per tensor, the rows that hold bf16: a copied
+weight's gradient (row 1) and its copy (row 4), which the kernel writes as it steps the weight. The squared norm sums
+one partial a block in the tensors' order, so bf16 gradients give the sum their float32 values would."""
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +69,7 @@ def _kernels():
         return tl.load(entry + offset).to(tl.pointer_type(DTYPE))
 
     @triton.jit
-    def _load(entry, offset, offs, mask, bf16):
-        """Float32 values of a row's tensor, read as bf16 where `bf16` (a runtime flag, one branch per program)."""
+    def _load(entry, offset, offs, mask, bf16):  # float32 values of a row's tensor; bf16: a runtime flag
         if bf16:
             x = tl.load(_at(entry, offset, tl.bfloat16) + offs, mask=mask, other=0.0).to(tl.float32)
         else:
@@ -76,9 +79,7 @@ def _kernels():
     @triton.jit
     def adamw(ptrs, numels, blk_tensor, first_blk, n_tensors, flags, scale_ptr, decay, one_minus_b1, beta2,
               one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE: tl.constexpr, MIXED: tl.constexpr,
-              BLOCK: tl.constexpr):
-        """MIXED: `flags` (per tensor, bit r where row r holds bf16) marks a weight copy's bf16 gradient (row 1)
-        and the copy to write (row 4, accel/weight_copies.py)."""
+              BLOCK: tl.constexpr):  # MIXED: flags bit 1 = a bf16 gradient, bit 4 = a weight copy to write
         offs, mask, entry, t = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
         f = 0
         if MIXED:
@@ -102,8 +103,6 @@ def _kernels():
 
     @triton.jit
     def sq_sum(ptrs, numels, blk_tensor, first_blk, n_tensors, flags, out, MIXED: tl.constexpr, BLOCK: tl.constexpr):
-        """One partial sum a block, in the tensors' order (bf16 ones, a weight copy's gradients, marked in `flags`
-        where MIXED): the sum of the same values in float32 is the same sum."""
         offs, mask, entry, t = _block(ptrs, 0, n_tensors, blk_tensor, first_blk, numels, BLOCK)
         f = 0
         if MIXED:
