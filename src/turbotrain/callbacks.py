@@ -145,8 +145,8 @@ class Hooks:
                 self.model.train(training)
                 say_once(f"warning: {who} switched the model to {'eval' if training else 'train'} mode and left it "
                          f"so; turbotrain switched it back (a hook that runs the model must restore its mode)")
-        if fns:  # a hook may have written weights through .data, which moves no version counter
-            forget_copies(self.model)
+        if any(getattr(type(cb), hook, None) is not getattr(Callback, hook, None) for _, cb in fns):
+            forget_copies(self.model)  # the hook may have written weights through .data: no version counter moves
         return out
 
     def reads_rows(self) -> bool:

@@ -16,6 +16,7 @@ from turbotrain.accel import precision
 from turbotrain.accel.compile import disable_compile, is_compile_error
 from turbotrain.accel.fp8 import fp8_shape_error
 from turbotrain.accel.optim import clip_grad_norm
+from turbotrain.accel.weight_copies import drop_replaced
 from turbotrain.contract import check_eval_value, metric_value
 from turbotrain.data.datasets import TensorDataset
 from turbotrain.data.loader import eval_batches
@@ -139,9 +140,9 @@ def train_step(tr: Trainee, micro_batches: list, clip: float, want_norm: bool = 
 
 def _copies_current(tr: Trainee) -> None:
     """Before a forward: the linears' bf16 weight copies equal their float32 weights (accel/weight_copies.py)."""
-    sync = getattr(tr.opt, "sync_copies", None)
-    if sync is not None:
-        sync()
+    if getattr(tr.opt, "copies", None):
+        drop_replaced(tr.model)
+        tr.opt.sync_copies()
 
 
 def _schedule_step(tr: Trainee) -> None:

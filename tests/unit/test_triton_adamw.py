@@ -37,7 +37,7 @@ def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, flags,
            beta2, one_minus_b2, step_size, bc2_sqrt, eps, HAS_SCALE, MIXED, BLOCK, num_warps):
     for _, t, sl, at in _blocks(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, BLOCK):
         f = int(flags[t]) if MIXED else 0
-        p, g, m, v = (at(r).view(-1) for r in range(4))
+        p, g, m, v = (at(r).data.view(-1) for r in range(4))  # through .data: raw writes, as the kernel's
         assert (g.dtype == torch.bfloat16) == bool(f & 2) and p.dtype == m.dtype == v.dtype == torch.float32
         g = g[sl].float()
         gs = g / scale_ptr if HAS_SCALE else g
@@ -46,7 +46,7 @@ def _adamw(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, flags,
         v[sl] = v[sl] * beta2 + one_minus_b2 * gs * gs
         p[sl] -= step_size * (m[sl] / (v[sl].sqrt() / bc2_sqrt + eps))
         if f & 16:  # the layer's bf16 weight copy
-            at(4).view(-1)[sl] = p[sl].to(torch.bfloat16)
+            at(4).data.view(-1)[sl] = p[sl].to(torch.bfloat16)
 
 
 def _sq_sum(by_addr, grid, ptrs, numels, blk_tensor, first_blk, n_tensors, flags, out, MIXED, BLOCK, num_warps):

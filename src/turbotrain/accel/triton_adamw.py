@@ -213,6 +213,11 @@ class TritonAdamW(torch.optim.AdamW):
         self._copies = {id(p): c for p, c in copies}
         self._leaves = {id(c) for _, c in copies if c.requires_grad}  # weights' copies; a bias's takes no gradient
 
+    @property
+    def copies(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(parameter, its layer's bf16 copy) pairs this optimizer writes."""
+        return self._pairs
+
     def grad_of(self, p: torch.Tensor) -> torch.Tensor | None:
         """The gradient this step applies to `p`: a copied weight's is its copy's. A weight that also got one of its
         own (read directly besides through its layer) gets the sum, in float32, on itself; a weight frozen since

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from turbotrain.log import say_once
 from turbotrain.models.structure import compute_params
 
 DTYPE = torch.bfloat16
@@ -32,7 +33,9 @@ _WRITTEN = WeakTensorKeyDictionary()
 
 
 class CopiedLinear(nn.Linear):
-    """nn.Linear whose forward under bf16 autocast reads `weight_copy` / `bias_copy` (bf16 buffers)."""
+    """nn.Linear whose forward under bf16 autocast reads `weight_copy` / `bias_copy` (bf16 buffers). A copy of the
+    layer (`copy.deepcopy`, pickling: an EMA or evaluation twin, `torch.save(model)`) is a plain nn.Linear: no
+    optimizer writes its copies."""
 
     carries_weight_copies = True  # models/structure.compute_params reads them for GEMMs of a model's own
 
@@ -40,6 +43,19 @@ class CopiedLinear(nn.Linear):
         if reads_copies(x):
             return F.linear(x, *compute_params(self, DTYPE))
         return F.linear(x, self.weight, self.bias)
+
+    def __reduce_ex__(self, protocol):
+        state = {k: v for k, v in self.__dict__.items() if k != "copies_of"}
+        state["_buffers"] = {k: v for k, v in self._buffers.items() if k not in _NAMES}
+        state["_non_persistent_buffers_set"] = self._non_persistent_buffers_set - set(_NAMES)
+        return _plain_linear, (), state
+
+
+_NAMES = ("weight_copy", "bias_copy")
+
+
+def _plain_linear() -> nn.Linear:
+    return nn.Linear.__new__(nn.Linear)
 
 
 def reads_copies(x: torch.Tensor) -> bool:
@@ -78,6 +94,7 @@ def apply_weight_copies(model: nn.Module, enabled: bool, skip: nn.Module | None 
     for m in layers:
         m.register_buffer("weight_copy", m.weight.detach().to(DTYPE).requires_grad_(), persistent=False)
         m.register_buffer("bias_copy", m.bias.detach().to(DTYPE) if m.bias is not None else None, persistent=False)
+        m.__dict__["copies_of"] = (m.weight, m.bias)  # not registered: the parameters the copies are of
         m.__class__ = CopiedLinear
     return len(layers)
 
@@ -86,8 +103,25 @@ def remove_weight_copies(model: nn.Module) -> None:
     """The model's linears as they were (after a run, or a failed start)."""
     for m in model.modules():
         if isinstance(m, CopiedLinear):
-            del m.weight_copy, m.bias_copy
-            m.__class__ = nn.Linear
+            _plain(m)
+
+
+def _plain(m: CopiedLinear) -> None:
+    del m.weight_copy, m.bias_copy
+    m.__dict__.pop("copies_of", None)
+    m.__class__ = nn.Linear
+
+
+def drop_replaced(model: nn.Module) -> None:
+    """Before a forward: a layer whose weight or bias was replaced since its copies were made (`layer.weight =
+    nn.Parameter(...)`, `load_state_dict(..., assign=True)`) reads its own float32 weights again, said once. The
+    optimizer still steps the parameters it was built with, as torch's would."""
+    for name, m in model.named_modules():
+        if isinstance(m, CopiedLinear) and any(a is not b for a, b in zip(m.copies_of, (m.weight, m.bias))):
+            _plain(m)
+            say_once(f"warning: {name or 'the model'}'s weight or bias was replaced after the optimizer was built; "
+                     "it reads its float32 weights (no bf16 copy), and the optimizer still steps the ones it was "
+                     "built with: build the model's parameters before training")
 
 
 def copies_of(model: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
