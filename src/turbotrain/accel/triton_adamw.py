@@ -201,8 +201,8 @@ class TritonAdamW(torch.optim.AdamW):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, copies: list[tuple[torch.Tensor, torch.Tensor]] = ()):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
-        self._tables: dict[tuple, _TableCache] = {}  # per param group and kind (`_kind`)
-        self._parts: dict[tuple, list] = {}  # per group and kind whose step counts differ: (tables, indices) a count
+        self._tables: dict[int, _TableCache] = {}  # per param group
+        self._parts: dict[int, list] = {}  # per param group whose step counts differ: (tables, indices) per count
         self._norm_table = _TableCache()
         self._built: set[str] = set()  # the kernels that have launched
         self._broken = ""  # why the kernels could not be built
