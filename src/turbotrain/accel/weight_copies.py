@@ -1,8 +1,8 @@
 """bf16 copies of the linear layers' weights, kept by the optimizer (`precision.weight_copies`).
 
 Under bf16 autocast every step casts each linear's float32 weight and bias to bf16 before its GEMM, and casts each
-bf16 weight gradient back to float32 for the optimizer: two kernels per tensor per step, ~300 on GPT-2, each a
-launch plus a read and a write. Here each trainable, unshared nn.Linear carries a bf16 copy of its weight and bias
+bf16 weight gradient back to float32 for the optimizer: two kernels per tensor per step, each a launch plus a read
+and a write. Here each trainable, unshared nn.Linear carries a bf16 copy of its weight and bias
 (non-persistent buffers: checkpoints hold the float32 weights as before); the forward reads the copies, their bf16
 gradients go to the Triton AdamW kernel as they are, and the kernel writes the new copies as it steps the float32
 weights (accel/triton_adamw.py). The values are autocast's own: round-to-nearest bf16 of the float32 weight, and
@@ -116,8 +116,9 @@ def drop_replaced(model: nn.Module) -> None:
     """Before a forward: a layer whose weight or bias was replaced since its copies were made (`layer.weight =
     nn.Parameter(...)`, `load_state_dict(..., assign=True)`) reads its own float32 weights again, said once. The
     optimizer still steps the parameters it was built with, as torch's would."""
-    for name, m in model.named_modules():
+    for m in model.modules():  # every step: the names only where one is found
         if isinstance(m, CopiedLinear) and any(a is not b for a, b in zip(m.copies_of, (m.weight, m.bias))):
+            name = next(n for n, x in model.named_modules() if x is m)
             _plain(m)
             say_once(f"warning: {name or 'the model'}'s weight or bias was replaced after the optimizer was built; "
                      "it reads its float32 weights (no bf16 copy), and the optimizer still steps the ones it was "
