@@ -59,6 +59,47 @@ def test_batched_hidden_and_grad_output_scaling():
         _close(g, r)
 
 
+def test_the_first_chunk_overwrites_grad_w_whatever_it_held():
+    """grad_W starts uninitialised (no pass of zeros): the first chunk's product must never read it (NaN there
+    stays out), later chunks add to it. Both branches a CPU takes: fp32 (addmm beta 0) and bf16 logits into the
+    fp32 accumulator."""
+    from turbotrain.accel.fused_loss import _accumulate_grad_w
+
+    torch.manual_seed(3)
+    for dt in (torch.float32, torch.bfloat16):
+        d1, d2 = torch.randn(5, 6).to(dt), torch.randn(5, 6).to(dt)  # d(logits) of two chunks: (tokens, V)
+        h1, h2 = torch.randn(5, 4).to(dt), torch.randn(5, 4).to(dt)
+        grad_w = torch.full((6, 4), float("nan"))
+        _accumulate_grad_w(grad_w, d1, h1, first=True)
+        want = d1.t().float() @ h1.float()
+        _close(grad_w, want, rel=1e-2 if dt == torch.bfloat16 else 1e-6)
+        _accumulate_grad_w(grad_w, d2, h2, first=False)
+        _close(grad_w, want + d2.t().float() @ h2.float(), rel=1e-2 if dt == torch.bfloat16 else 1e-6)
+
+
+def test_an_empty_batch_gives_a_zero_weight_gradient():
+    from turbotrain.accel.fused_loss import _chunked_linear_ce
+
+    h, w, y = torch.randn(0, 8), torch.randn(10, 8), torch.zeros(0, dtype=torch.long)
+    _, grad_h, grad_w, _ = _chunked_linear_ce(h, w, y, -100, 4, torch.float32)
+    assert grad_h.shape == (0, 8) and torch.equal(grad_w, torch.zeros(10, 8))
+
+
+def test_under_autocast_the_gradient_of_fp32_hidden_is_the_scaled_bf16_one():
+    """The op takes h in the compute dtype (cast outside it, where the compiler fuses the cast): the gradient that
+    reaches an fp32 hidden state is the scaled product rounded once to bf16, then cast up, as autocast's unfused
+    path rounds its scaled gradient of h."""
+    torch.manual_seed(4)
+    h, w, y = torch.randn(24, 16), torch.randn(40, 16) * 0.3, torch.randint(0, 40, (24,))
+    y[::5] = -100  # N = 19 targets: 1/N is not a power of two
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, gh, gw = _grads(lambda h, w, y: fused_linear_cross_entropy(h, w, y), h, w, y)
+        _, rh, rw = _grads(lambda h, w, y: F.cross_entropy(h @ w.t(), y), h, w, y)
+    assert gh.dtype == torch.float32 and torch.equal(gh, gh.bfloat16().float())  # bf16 values, as autocast's
+    _close(gh, rh, rel=2e-2)
+    _close(gw, rw, rel=2e-2)
+
+
 def test_gpt_forward_is_head_of_hidden():
     model = build_gpt(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
     x = torch.randint(0, 50, (2, 8))

@@ -47,6 +47,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     dev = h.device.type
     # The op is opaque to autocast, so the compute dtype is decided here, where autocast's state is visible.
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    # cast here, not in the op: the compiler writes h in the compute dtype from the kernel that makes it (a final
+    # norm's), and casts the gradient back inside the kernel that reads it, instead of two copies of their own
+    h = h.to(dtype)
     if chunk_tokens is None:
         per_token = weight.shape[0] * torch.finfo(dtype).bits // 8
         chunk_tokens = max(128, CHUNK_LOGITS_BYTES // per_token // 128 * 128)
@@ -79,7 +82,8 @@ def _backward(ctx, grad_loss, *_unused):
     computed, scaled by grad_output / N."""
     grad_h, grad_w, inv_n = ctx.saved_tensors
     scale = grad_loss.float() * inv_n  # fp32: grad_output (the loss scale under fp16) times 1/N
-    return grad_h * scale.to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
+    # scaled in fp32 and rounded once to h's dtype, as autocast's unfused path rounds its scaled gradient of h
+    return (grad_h.float() * scale).to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
 
 
 _fused_linear_ce.register_autograd(_backward, setup_context=_setup_context)
@@ -97,7 +101,8 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
     inv_n = 1.0 / (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
     row_loss = torch.empty(n_tok, dtype=torch.float32, device=h.device)
     grad_h = torch.empty(n_tok, h.shape[1], dtype=dtype, device=h.device)
-    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+    # the first chunk's product overwrites grad_w (beta 0), later ones add to it: no pass of zeros over [V, D]
+    grad_w = (torch.empty if n_tok else torch.zeros)(weight.shape, dtype=torch.float32, device=h.device)
     rows = _triton_rows() if h.is_cuda else None
     for start in range(0, n_tok, chunk_tokens):
         end = min(start + chunk_tokens, n_tok)
@@ -108,18 +113,21 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
         else:
             _reference_rows(logits, target[start:end], row_loss[start:end], ignore_index)
         torch.mm(logits, w, out=grad_h[start:end])
-        _accumulate_grad_w(grad_w, logits, hc)
+        _accumulate_grad_w(grad_w, logits, hc, first=start == 0)
     loss = row_loss.sum() * inv_n
     return loss, grad_h.to(h.dtype), grad_w.to(weight.dtype), inv_n
 
 
-def _accumulate_grad_w(grad_w: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor) -> None:
-    """grad_w += dlogits^T @ hc; on CUDA straight into the fp32 accumulator (`out_dtype`), with no [V, D]
-    temporary in bf16 and again in fp32 per chunk."""
+def _accumulate_grad_w(grad_w: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor, first: bool) -> None:
+    """grad_w += dlogits^T @ hc (`first`: grad_w = ..., whatever grad_w held); on CUDA straight into the fp32
+    accumulator (`out_dtype`), with no [V, D] temporary in bf16 and again in fp32 per chunk."""
+    beta = 0 if first else 1  # beta 0: the GEMM never reads grad_w (uninitialised memory, NaN included)
     if grad_w.dtype == dlogits.dtype:
-        grad_w.addmm_(dlogits.t(), hc)
+        grad_w.addmm_(dlogits.t(), hc, beta=beta)
     elif _mixed_addmm(grad_w.device, dlogits.dtype, grad_w.dtype):
-        torch.addmm(grad_w, dlogits.t(), hc, out_dtype=grad_w.dtype, out=grad_w)
+        torch.addmm(grad_w, dlogits.t(), hc, beta=beta, out_dtype=grad_w.dtype, out=grad_w)
+    elif first:
+        grad_w.copy_(dlogits.t() @ hc)
     else:
         grad_w += (dlogits.t() @ hc).to(grad_w.dtype)
 
@@ -131,11 +139,14 @@ def _mixed_addmm(device: torch.device, dtype: torch.dtype, out_dtype: torch.dtyp
     if device.type != "cuda":
         return False
     acc, a = torch.ones(2, 2, dtype=out_dtype, device=device), torch.ones(2, 2, dtype=dtype, device=device)
+    fresh = torch.full((2, 2), float("nan"), dtype=out_dtype, device=device)
     try:
         torch.addmm(acc, a, a, out_dtype=out_dtype, out=acc)
+        torch.addmm(fresh, a, a, beta=0, out_dtype=out_dtype, out=fresh)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
-    return bool((acc == 3).all())  # accumulated (1 + 2), not overwritten; one host sync, once per process
+    # accumulated (1 + 2), not overwritten; beta 0 overwrites (NaN not read); one host sync, once per process
+    return bool((acc == 3).all() and (fresh == 2).all())
 
 
 def _reference_rows(logits: torch.Tensor, target: torch.Tensor, row_loss: torch.Tensor, ignore_index: int) -> None:
