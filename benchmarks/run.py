@@ -107,8 +107,7 @@ NAIVE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_last=
          'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
          "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
          "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false",
-         "kernels.gelu_epilogue=false", 'precision.weight_copies="auto"',
-         'kernels.graph_fills="auto"']
+         "kernels.gelu_epilogue=false", 'precision.weight_copies="auto"']
 # issue 15's edge of memory: GPT-2 medium shapes (24 x 1024, 355M parameters), bf16 + compile, at a micro-batch
 # of 96 x 1024 tokens: too large for an 80 GB H100 without checkpointing, small enough with full checkpointing
 EDGE = ["model.args.n_layer=24", "model.args.n_embd=1024", "model.args.n_head=16", "data.batch_size=96",

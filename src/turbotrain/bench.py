@@ -33,8 +33,7 @@ BASELINE = ["precision.dtype=fp32", "compile.enabled=false", "memory.channels_la
             'memory.activation_checkpointing="none"', 'train.optimizer_impl="foreach"', "data.num_workers=0",
             "data.pin_memory=false", "data.device_resident=false", "data.persistent_workers=false",
             "kernels.fused_loss=false", "kernels.convnet=false", "kernels.packed_attention=false",
-            "kernels.gelu_epilogue=false", 'precision.weight_copies="auto"',
-            'kernels.graph_fills="auto"']
+            "kernels.gelu_epilogue=false", 'precision.weight_copies="auto"']
 AUTO_DATA = ['data.num_workers="auto"', 'data.pin_memory="auto"', 'data.device_resident="auto"',
              'data.persistent_workers="auto"']
 MIN_STEPS = 2  # a fresh run's first step is warm-up (monitor/run_monitor.py's n_warm), so it times from the second
@@ -66,7 +65,7 @@ def variant_overrides(name: str, cfg: Config) -> list[str]:
         "all": ['precision.dtype="auto"', "compile.enabled=true", 'train.optimizer_impl="auto"',
                 'memory.channels_last="auto"', 'kernels.fused_loss="auto"', 'kernels.convnet="auto"',
                 'kernels.packed_attention="auto"', 'kernels.gelu_epilogue="auto"', 'precision.weight_copies="auto"',
-                'kernels.graph_fills="auto"', *AUTO_DATA],
+                *AUTO_DATA],
     }
     if name not in table:
         raise UserError(f"--variants: unknown variant {name!r}; choose from {', '.join(table)}")

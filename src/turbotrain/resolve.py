@@ -116,7 +116,6 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _resolve_convnet(c, facts)
     _resolve_packed_attention(c, facts)
     _resolve_gelu_epilogue(c, facts)
-    _resolve_graph_fills(c, facts)
     if c.cfg.kernels.attention == "auto" and not on_gpu:  # a GPU's is measured once the model is on it
         c.set("kernels", "attention", "default")
     if facts.data_args:
@@ -440,33 +439,6 @@ def _gelu_epilogue_blocker(cfg: Config, facts: Facts) -> str | None:
         return f"runs in bf16 or fp16, but precision.dtype = \"{cfg.precision.dtype}\"; set precision.dtype=\"bf16\""
     problem = library_problem()
     return f"needs {problem}" if problem else None
-
-
-def _resolve_graph_fills(c: _Changes, facts: Facts) -> None:
-    """"auto": on wherever CUDA graphs are captured on a CUDA GPU; an explicit true where none are is an error."""
-    setting = c.cfg.kernels.graph_fills
-    if setting is False:
-        return
-    blocker = _graph_fills_blocker(c.cfg, facts)
-    if setting == "auto":
-        c.set("kernels", "graph_fills", blocker is None)
-    elif blocker:
-        raise UserError(f"kernels.graph_fills = true {blocker}; set kernels.graph_fills=false")
-
-
-def _graph_fills_blocker(cfg: Config, facts: Facts) -> str | None:
-    from turbotrain.accel.graph_memsets import problem
-
-    if facts.device.type != "cuda":
-        return f"rewrites CUDA graphs, which need a CUDA GPU (this run is on {facts.device.type})"
-    comp = cfg.compile  # resolved by then: several processes or the CPU have left "reduce-overhead" already
-    if not (comp.enabled and (comp.mode in ("reduce-overhead", "max-autotune")
-                              or comp.inductor.get("triton.cudagraphs") is True)):
-        return ("rewrites the CUDA graphs compile.enabled = true with compile.mode = \"reduce-overhead\" or "
-                f"\"max-autotune\" captures; this run captures none (compile.enabled = "
-                f"{str(comp.enabled).lower()}, compile.mode = \"{comp.mode}\")")
-    why = problem()
-    return f"needs {why}" if why else None
 
 
 def _resolve_fused_loss(c: _Changes, facts: Facts) -> None:

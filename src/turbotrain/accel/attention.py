@@ -60,11 +60,6 @@ class KernelsConfig:
     (attribute names or dotted paths; turbotrain's GPT blocks do); tanh GELU, plain nn.Linear layers with biases
     and sizes of multiples of 8, bf16/fp16, no FP8 ("auto": on a Hopper or newer GPU, but not under selective
     checkpointing, where it would keep more activations; measured in docs/benchmarks.md)."""
-    graph_fills: bool | Literal["auto"] = "auto"
-    """In the CUDA graphs compile.mode "reduce-overhead" / "max-autotune" captures, the libraries' small memsets
-    (cuBLAS and cuDNN zero a counter before most Hopper GEMMs and attention kernels) run as a fill kernel of
-    ours: the same bytes at the same point, without the idle gap a memset node leaves ("auto": on wherever such
-    graphs are captured on a CUDA GPU; measured in docs/benchmarks.md)."""
     convnet: bool | Literal["auto"] = "auto"
     """Exact rewrites of a convnet's slow layers: a stride-2 stem conv over ≤ 4 channels as space-to-depth, max
     pools on channels_last GPU tensors by Triton kernels (bit-identical), and BatchNorm2d → ReLU → MaxPool2d
@@ -75,14 +70,11 @@ class KernelsConfig:
 @contextlib.contextmanager
 def model_ops(kernels: KernelsConfig):
     """`with model_ops(cfg.kernels): train...` — the ops models opt into (kernels.packed_attention,
-    kernels.gelu_epilogue) run where the resolved config turns them on, the model's plain code elsewhere; CUDA graphs
-    captured inside get their memsets as fill kernels where kernels.graph_fills is on."""
-    from turbotrain.accel.graph_memsets import graph_fills
+    kernels.gelu_epilogue) run where the resolved config turns them on; the model's plain code elsewhere."""
     from turbotrain.models.gelu_epilogue import gelu_epilogue
     from turbotrain.models.packed_attention import packed_attention
 
-    with packed_attention(kernels.packed_attention is True), gelu_epilogue(kernels.gelu_epilogue is True), \
-            graph_fills(kernels.graph_fills is True):
+    with packed_attention(kernels.packed_attention is True), gelu_epilogue(kernels.gelu_epilogue is True):
         yield
 
 
