@@ -5,7 +5,8 @@ Why this design. The head's matmul is the big cost and cuBLAS does it best, so i
 fusion removes is memory traffic and footprint: the unfused path writes the full logits, reads them back
 in fp32 for the softmax, and keeps them (or their fp32 softmax) for backward — at 16k tokens × 128k vocab
 that is 4-8 GB. Here the tokens go in chunks (one while the logits fit CHUNK_LOGITS_BYTES); per chunk:
-  1. logits = h_c @ W^T (cuBLAS, in the autocast dtype: bf16 where training runs bf16);
+  1. logits = h_c @ W^T (cuBLASLt, its fastest algorithm for the shape, timed once; in the autocast dtype: bf16
+     where training runs bf16);
   2. per row, a Triton kernel on GPU: logsumexp by online softmax in fp32 and the row's loss (pass 1), then
      d(logits) = softmax − onehot written over the logits in place (pass 2, the row read again from L2);
   3. grad_h_c = dlogits @ W and grad_W += dlogits^T @ h_c (fp32 accumulator over chunks).
@@ -30,7 +31,10 @@ import functools
 
 import torch
 
+from turbotrain.models import cublaslt
+
 IGNORE_INDEX = -100
+SETTING = "kernels.fused_loss"
 # One chunk's logits. Each extra chunk costs time (its GEMMs accumulate into grad_W and split K): at Llama-1B's head,
 # 8 chunks of 256 MiB took 23.7 ms a step where one took 21.7 (benchmarks/NOTES.md, session 14). 2 GiB keeps GPT-2's
 # and Llama-1B's micro-batches in one chunk, whose peak is near what the compiled unfused loss holds anyway.
@@ -107,7 +111,7 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
     for start in range(0, n_tok, chunk_tokens):
         end = min(start + chunk_tokens, n_tok)
         hc = hc_all[start:end]
-        logits = hc @ w.t()  # (chunk, V) in the compute dtype; becomes d(logits) in place below
+        logits = _head(hc, w)  # (chunk, V) in the compute dtype; becomes d(logits) in place below
         if rows is not None:
             rows(logits, target[start:end], row_loss[start:end], ignore_index)
         else:
@@ -118,9 +122,28 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
     return loss, grad_h.to(h.dtype), grad_w.to(weight.dtype), inv_n
 
 
+def _head(hc: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """hc @ w^T; on a GPU by cuBLASLt's fastest algorithm for the shape (models/cublaslt.py: for GPT-2's head,
+    ~9 % faster than cuBLAS's first choice on an H200)."""
+    if hc.is_cuda and _cublaslt_ok():
+        logits = hc.new_empty(hc.shape[0], w.shape[0])
+        if cublaslt.matmul(logits, hc, w, a_t=False, b_t=True, accumulate=False, setting=SETTING):
+            return logits
+    return hc @ w.t()
+
+
+@functools.cache
+def _cublaslt_ok() -> bool:
+    return cublaslt.problem() is None
+
+
 def _accumulate_grad_w(grad_w: torch.Tensor, dlogits: torch.Tensor, hc: torch.Tensor, first: bool) -> None:
     """grad_w += dlogits^T @ hc (`first`: grad_w = ..., whatever grad_w held); on CUDA straight into the fp32
-    accumulator (`out_dtype`), with no [V, D] temporary in bf16 and again in fp32 per chunk."""
+    accumulator (cuBLASLt's fastest algorithm, else torch's `out_dtype`), with no [V, D] temporary in bf16 and
+    again in fp32 per chunk."""
+    if grad_w.is_cuda and _cublaslt_ok() and cublaslt.matmul(grad_w, dlogits, hc, a_t=True, b_t=False,
+                                                             accumulate=not first, setting=SETTING):
+        return
     beta = 0 if first else 1  # beta 0: the GEMM never reads grad_w (uninitialised memory, NaN included)
     if grad_w.dtype == dlogits.dtype:
         grad_w.addmm_(dlogits.t(), hc, beta=beta)

@@ -19,43 +19,32 @@ call runs on the current stream). Double backward (`create_graph=True`) is not s
 is an error that says to turn the setting off; nor are torch.func transforms (`torch.func.grad`, `vmap`) of a model
 running the ops: turn the setting off for them.
 
-cuBLASLt is called through ctypes on the copy of the library torch itself loaded: no package to install.
+cuBLASLt is called through ctypes (models/cublaslt.py) on the copy of the library torch itself loaded.
 Each shape's algorithm is cuBLASLt's first heuristic choice, so a rerun (or a resumed run) runs the same kernels.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 
 import torch
 import torch.nn.functional as F
 
+from turbotrain.models import cublaslt as lt
 from turbotrain.models.structure import compute_params, on_device, op_switch
 
 _STATE = {"on": False}
-_LOCK = threading.Lock()  # descriptors are shared by calls of one shape; their pointers are set per call
 
-# cublasLt.h's values (stable across CUDA 11-13)
-_F32, _F16, _BF16 = 0, 2, 14
-_COMPUTE_32F = 68
-_OP_N, _OP_T = 0, 1
-_TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_TYPE = 3, 4, 7, 8, 11, 12, 22
+_SETTING = "kernels.gelu_epilogue"
+_OP_N, _OP_T = lt.OP_N, lt.OP_T
+_EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_TYPE = 7, 8, 11, 12, 22  # cublasLt.h's values
 _GELU_AUX_BIAS, _DGELU = 32 | 128 | 4, 64 | 128
-_PREF_WORKSPACE, _PREF_ALIGN = 1, (5, 6, 7, 8)  # the last: A, B, C, D minimum alignment in bytes
-WORKSPACE = 32 << 20  # cuBLAS's own default on Hopper
-_DTYPES = {torch.bfloat16: _BF16, torch.float16: _F16}
+_DTYPES = {torch.bfloat16: lt.BF16, torch.float16: lt.F16}
 # batches of fewer tokens (an empty last batch, one-token evaluation) run the same math in torch: a GEMM of 0 rows
 # has nothing to plan, and one row is a vector product, not the shape the epilogue kernels are built for
 _MIN_ROWS = 2
 
 
-class _Heuristic(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
-    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspace", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
-
-
-_LT: dict = {}  # "lib", and a cuBLASLt handle per device index
 _PLANS: dict[tuple, tuple] = {}
 
 
@@ -123,52 +112,7 @@ def _applies(fc: torch.nn.Module | None, out: torch.nn.Module | None) -> bool:
 
 def library_problem() -> str | None:
     """Why cuBLASLt's epilogues cannot be called here (the rest of a sentence after "needs"), or None."""
-    try:
-        _lib()
-    except Exception as e:  # no CUDA in this torch, the library not loaded, a symbol missing, a status
-        return f"cuBLASLt, which this torch did not load or does not answer ({type(e).__name__}: {e})"
-    return None
-
-
-def _lib():
-    if "lib" not in _LT:
-        torch.cuda.init()
-        with open("/proc/self/maps") as f:  # the copy torch loaded, whichever CUDA it came with
-            path = next((line.split()[-1] for line in f if "libcublasLt.so" in line), None)
-        if path is None:
-            raise OSError("no libcublasLt among the libraries this process loaded")
-        lib, v = ctypes.CDLL(path), ctypes.c_void_p
-        lib.cublasLtMatmul.argtypes = [v] * 14 + [ctypes.c_size_t, v]
-        lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(v), ctypes.c_int, ctypes.c_uint64,
-                                                   ctypes.c_uint64, ctypes.c_int64]
-        lib.cublasLtMatmulDescSetAttribute.argtypes = [v, ctypes.c_int, v, ctypes.c_size_t]
-        lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [v, ctypes.c_int, v, ctypes.c_size_t]
-        lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [v] * 7 + [ctypes.c_int, ctypes.POINTER(_Heuristic),
-                                                                 ctypes.POINTER(ctypes.c_int)]
-        _LT["lib"] = lib
-    return _LT["lib"]
-
-
-def _handle(device: torch.device):
-    """The device's cuBLASLt handle (created while it is current)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _LT:
-        handle = ctypes.c_void_p()
-        with torch.cuda.device(index):
-            _check(_lib().cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
-        _LT[index] = handle
-    return _LT[index]
-
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"kernels.gelu_epilogue: {what} failed (cuBLAS status {status}); set "
-                           "kernels.gelu_epilogue=false")
-
-
-def _set(setter, obj, attr: int, value, ctype) -> None:
-    c = ctype(value)
-    _check(setter(obj, attr, ctypes.byref(c), ctypes.sizeof(c)), f"setting attribute {attr}")
+    return lt.problem()
 
 
 def _plan(key: tuple) -> tuple:
@@ -176,30 +120,11 @@ def _plan(key: tuple) -> tuple:
     + epilogue."""
     if key in _PLANS:
         return _PLANS[key]
-    lib = _lib()
     ta, tb, m, n, k, lda, ldb, ldd, dtype, epilogue, align, device = key
-    v = ctypes.c_void_p
-    desc, a, b, d, pref = v(), v(), v(), v(), v()
-    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _F32), "cublasLtMatmulDescCreate")
-    setd = lib.cublasLtMatmulDescSetAttribute
-    for attr, value, ctype in ((_TRANSA, ta, ctypes.c_int32), (_TRANSB, tb, ctypes.c_int32),
-                               (_EPILOGUE, epilogue, ctypes.c_uint32), (_AUX_LD, m, ctypes.c_int64),
-                               (_AUX_TYPE, dtype, ctypes.c_int32)):
-        _set(setd, desc, attr, value, ctype)
-    for lay, rows, cols, ld in ((a, *((m, k) if ta == _OP_N else (k, m)), lda),
-                                (b, *((k, n) if tb == _OP_N else (n, k)), ldb), (d, m, n, ldd)):
-        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld), "a matrix layout")
-    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-    setp = lib.cublasLtMatmulPreferenceSetAttribute
-    _set(setp, pref, _PREF_WORKSPACE, WORKSPACE, ctypes.c_uint64)
-    for attr in _PREF_ALIGN:
-        _set(setp, pref, attr, align, ctypes.c_uint32)
-    found, count = _Heuristic(), ctypes.c_int(0)
-    status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), desc, a, b, d, d, pref, 1, ctypes.byref(found),
-                                                ctypes.byref(count))
-    if status != 0 or count.value == 0:  # this shape has no kernel with the epilogue: the ops run torch's math
-        found = None
-    _PLANS[key] = (desc, a, b, d, found)
+    attrs = ((_EPILOGUE, epilogue, ctypes.c_uint32), (_AUX_LD, m, ctypes.c_int64), (_AUX_TYPE, dtype, ctypes.c_int32))
+    desc = lt.descriptors(ta, tb, m, n, k, lda, ldb, ldd, dtype, dtype, align, _SETTING, attrs)
+    found = lt.candidates(device, *desc, 1, _SETTING)  # none: this shape has no kernel with the epilogue (torch's)
+    _PLANS[key] = (*desc[:4], found[0] if found else None)
     return _PLANS[key]
 
 
@@ -207,26 +132,18 @@ def _matmul(a, ta, b, tb, m, n, k, out, epilogue, bias=None, aux=None) -> bool:
     """out (m x n column-major, i.e. a row-major (n, m) tensor) = op(A) op(B) with `epilogue`; A and B given as
     row-major torch tensors in cuBLASLt's column-major terms (leading dimension = their last size). False where
     cuBLASLt has no kernel for it (nothing written)."""
-    ptrs = [t.data_ptr() for t in (a, b, out, bias, aux) if t is not None]
-    align = 256  # _aligned made every pointer a multiple of 16; larger alignments let cuBLASLt pick more kernels
-    while align > 16 and any(p % align for p in ptrs):
-        align //= 2
+    align = lt.alignment([t.data_ptr() for t in (a, b, out, bias, aux) if t is not None])  # _aligned: all 16 at least
     key = (ta, tb, m, n, k, a.shape[-1], b.shape[-1], m, _DTYPES[out.dtype], epilogue, align, out.device)
     v = ctypes.c_void_p
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    with _LOCK:
-        lib = _lib()
+    with lt.LOCK:
         desc, la, lb, ld, found = _plan(key)
         if found is None:
             return False
-        work = torch.empty(max(found.workspace, 1), dtype=torch.uint8, device=out.device)  # what the algorithm asks
+        setd = lt.lib().cublasLtMatmulDescSetAttribute
         if bias is not None:
-            _set(lib.cublasLtMatmulDescSetAttribute, desc, _BIAS_POINTER, bias.data_ptr(), v)
-        _set(lib.cublasLtMatmulDescSetAttribute, desc, _AUX_POINTER, aux.data_ptr(), v)
-        _check(lib.cublasLtMatmul(_handle(out.device), desc, ctypes.byref(one), v(a.data_ptr()), la,
-                                  v(b.data_ptr()), lb, ctypes.byref(zero), v(out.data_ptr()), ld, v(out.data_ptr()), ld,
-                                  ctypes.byref(found.algo), v(work.data_ptr()), found.workspace,
-                                  v(torch.cuda.current_stream(out.device).cuda_stream)), "cublasLtMatmul")
+            lt.set_attr(setd, desc, _BIAS_POINTER, bias.data_ptr(), v, _SETTING)
+        lt.set_attr(setd, desc, _AUX_POINTER, aux.data_ptr(), v, _SETTING)
+        lt.launch(out.device, desc, la, lb, ld, found, a.data_ptr(), b.data_ptr(), out.data_ptr(), 0.0, _SETTING)
     return True
 
 

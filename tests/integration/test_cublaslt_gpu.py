@@ -1,0 +1,71 @@
+"""models/cublaslt.matmul on a GPU: the LM head's two GEMMs (logits = h W^T in bf16; the weight gradient dlogits^T h
+into fp32, written or accumulated) equal torch's within its own rounding, whichever algorithm the timing keeps; a
+shape first met inside a CUDA-graph capture runs the first choice and replays; the choice stays the same."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turbotrain.models import cublaslt as lt
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or lt.problem() is not None,
+                                                  reason="needs a GPU with cuBLASLt")]
+S = "kernels.fused_loss"
+
+
+def _close(got, want, rel):
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= rel * want.float().abs().max().item(), err
+
+
+def test_the_heads_gemms_equal_torchs():
+    torch.manual_seed(0)
+    h = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16) * 0.02
+    logits = torch.empty(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    assert lt.matmul(logits, h, w, a_t=False, b_t=True, accumulate=False, setting=S)
+    _close(logits, h.float() @ w.float().t(), 1e-2)
+    gw = torch.full((4096, 768), float("nan"), device="cuda")
+    assert lt.matmul(gw, logits, h, a_t=True, b_t=False, accumulate=False, setting=S)  # beta 0: NaN never read
+    want = logits.float().t() @ h.float()
+    _close(gw, want, 1e-4)
+    assert lt.matmul(gw, logits, h, a_t=True, b_t=False, accumulate=True, setting=S)
+    _close(gw, 2 * want, 1e-4)
+    again = torch.empty_like(logits)
+    assert lt.matmul(again, h, w, a_t=False, b_t=True, accumulate=False, setting=S)
+    assert torch.equal(again, logits)  # the kept algorithm, the same bits
+
+
+def test_a_shape_first_met_in_a_capture_runs_the_first_choice_and_replays():
+    torch.manual_seed(1)
+    h = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(512, 2048, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        assert lt.matmul(out, h, w, a_t=False, b_t=True, accumulate=False, setting=S)
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    _close(out, h.float() @ w.float().t(), 1e-2)
+
+
+def test_the_fused_loss_on_a_gpu_still_equals_cross_entropy():
+    from turbotrain.accel.fused_loss import fused_linear_cross_entropy
+
+    torch.manual_seed(2)
+    h = torch.randn(2048, 768, device="cuda", requires_grad=True)
+    w = (torch.randn(8192, 768, device="cuda") * 0.02).requires_grad_()
+    y = torch.randint(0, 8192, (2048,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = fused_linear_cross_entropy(h, w, y)
+    loss.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = torch.nn.functional.cross_entropy((h @ w.t()).float(), y)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 2e-3 * abs(ref.item())
+    _close(gh, h.grad, 2e-2)
+    _close(gw, w.grad, 2e-2)
