@@ -86,8 +86,8 @@ def _backward(ctx, grad_loss, *_unused):
     computed, scaled by grad_output / N."""
     grad_h, grad_w, inv_n = ctx.saved_tensors
     scale = grad_loss.float() * inv_n  # fp32: grad_output (the loss scale under fp16) times 1/N
-    # scaled in fp32 and rounded once to h's dtype, as autocast's unfused path rounds its scaled gradient of h
-    return (grad_h.float() * scale).to(grad_h.dtype), grad_w * scale.to(grad_w.dtype), None, None, None, None
+    # scaled in fp32, then rounded once to the input's dtype (the gradient of a bf16 h is bf16)
+    return (grad_h.float() * scale).to(grad_h.dtype), (grad_w.float() * scale).to(grad_w.dtype), None, None, None, None
 
 
 _fused_linear_ce.register_autograd(_backward, setup_context=_setup_context)
@@ -127,8 +127,9 @@ def _head(hc: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ~9 % faster than cuBLAS's first choice on an H200)."""
     if hc.is_cuda and _cublaslt_ok():
         logits = hc.new_empty(hc.shape[0], w.shape[0])
-        if cublaslt.matmul(logits, hc, w, a_t=False, b_t=True, accumulate=False, setting=SETTING):
-            return logits
+        if not cublaslt.matmul(logits, hc, w, a_t=False, b_t=True, accumulate=False, setting=SETTING):
+            torch.mm(hc, w.t(), out=logits)  # a shape cuBLASLt does not take: torch's, in the same buffer
+        return logits
     return hc @ w.t()
 
 

@@ -6,9 +6,9 @@ GEMMs, accel/fused_loss.py). For the LM head's forward and weight-gradient GEMMs
 cooperative kernel ~9 % slower than another of its candidates on an H200 (benchmarks/NOTES.md, session 31); every
 candidate computes the same product, each with its own order of summation.
 
-`matmul` times the candidates the first time it meets a shape (outside CUDA-graph capture: during a capture the first
-choice runs and is kept for that shape), and takes another only where it is at least MARGIN faster than the first:
-close timings keep the first, so reruns choose alike.
+`matmul` times the candidates the first time it meets a shape, and keeps the earliest candidate within MARGIN of the
+fastest: the first unless another is clearly faster, so reruns choose alike. A shape first met inside a CUDA-graph
+capture, with an accumulating call, or too small to time (MIN_TIMED_FLOP) keeps the first choice.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ WORKSPACE = 32 << 20  # cuBLAS's own default on Hopper
 DTYPES = {torch.bfloat16: BF16, torch.float16: F16, torch.float32: F32}
 MARGIN = 0.03  # another algorithm replaces the first only when this much faster
 CANDIDATES = 8
+MIN_TIMED_FLOP = 1e11  # smaller products take the first choice: their timings would be launch overhead
+TIMED_MS = 1.0  # GPU time each candidate is run for
 LOCK = threading.Lock()  # descriptors are shared by calls of one shape; their pointers are set per call
 
 _LT: dict = {}  # "lib", and a cuBLASLt handle per device index
@@ -123,75 +125,94 @@ def candidates(device: torch.device, desc, a, b, d, pref, count: int, setting: s
     return [] if status != 0 else [found[i] for i in range(n.value)]
 
 
-def launch(device, desc, la, lb, ld, algo: Heuristic, a: int, b: int, out: int, beta: float, setting: str) -> None:
-    """out = op(A) op(B) + beta * out, on the current stream, with `algo`'s workspace."""
+def launch(device, desc, la, lb, ld, algo: Heuristic, a: int, b: int, out: int, beta: float, setting: str,
+           work: torch.Tensor | None = None) -> None:
+    """out = op(A) op(B) + beta * out, on the current stream, with `algo`'s workspace (`work`, else allocated)."""
     v = ctypes.c_void_p
-    work = torch.empty(max(algo.workspace, 1), dtype=torch.uint8, device=device)
+    if work is None:
+        work = torch.empty(max(algo.workspace, 1), dtype=torch.uint8, device=device)
     one, b_ = ctypes.c_float(1.0), ctypes.c_float(beta)
     check(lib().cublasLtMatmul(handle(device, setting), desc, ctypes.byref(one), v(a), la, v(b), lb, ctypes.byref(b_),
                                v(out), ld, v(out), ld, ctypes.byref(algo.algo), v(work.data_ptr()), algo.workspace,
                                v(torch.cuda.current_stream(device).cuda_stream)), "cublasLtMatmul", setting)
 
 
+def takes(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_t: bool, b_t: bool) -> bool:
+    """Whether `matmul` runs this product (else the caller runs torch's): CUDA tensors of one device, contiguous 2-D
+    bf16/fp16 inputs of one dtype, out theirs or fp32, agreeing shapes, every size a nonzero multiple of 8, 16-byte
+    aligned, and torch allowing reduced-precision reductions in that dtype (as torch's own GEMMs then may)."""
+    if not (a.is_cuda and b.device == a.device == out.device and a.dtype == b.dtype
+            and a.dtype in (torch.bfloat16, torch.float16) and out.dtype in (a.dtype, torch.float32)
+            and all(t.dim() == 2 and t.is_contiguous() for t in (a, b, out))):
+        return False
+    (m, k), (k2, n) = (a.shape[::-1] if a_t else a.shape), (b.shape[::-1] if b_t else b.shape)
+    reduced = torch.backends.cuda.matmul
+    allowed = (reduced.allow_bf16_reduced_precision_reduction if a.dtype == torch.bfloat16
+               else reduced.allow_fp16_reduced_precision_reduction)
+    return (k == k2 and tuple(out.shape) == (m, n) and all(x > 0 and x % 8 == 0 for x in (m, n, k))
+            and all(t.data_ptr() % 16 == 0 for t in (a, b, out)) and bool(allowed))
+
+
 def matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_t: bool, b_t: bool, accumulate: bool,
            setting: str) -> bool:
     """out (row-major M x N) = op(a) @ op(b) (+ out where `accumulate`), op = transpose where a_t / b_t, with the
-    fastest of cuBLASLt's candidates for this shape (see the module's docstring). a, b: contiguous bf16/fp16 of one
-    dtype; out: theirs or fp32. False where cuBLASLt cannot take it (nothing written): the caller runs torch's."""
-    ptrs = [t.data_ptr() for t in (a, b, out)]
-    if not (a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16) and out.dtype in (a.dtype, torch.float32)
-            and all(t.is_contiguous() and t.dim() == 2 for t in (a, b, out)) and all(p % 16 == 0 for p in ptrs)
-            and all(s % 8 == 0 for t in (a, b, out) for s in t.shape) and out.numel() > 0):
+    fastest of cuBLASLt's candidates for this shape (see the module's docstring). False where it does not run
+    (`takes`, or no candidate): nothing written, the caller runs torch's."""
+    if not takes(out, a, b, a_t, b_t):
         return False
     # row-major out = op(a) op(b) is column-major out^T = op(b)^T op(a)^T
     m, n, k = out.shape[1], out.shape[0], a.shape[0] if a_t else a.shape[1]
     key = (OP_T if b_t else OP_N, OP_T if a_t else OP_N, m, n, k, b.shape[-1], a.shape[-1], DTYPES[a.dtype],
-           DTYPES[out.dtype], alignment(ptrs), out.device)
-    with LOCK:
+           DTYPES[out.dtype], alignment([t.data_ptr() for t in (a, b, out)]), out.device)
+    with LOCK, torch.cuda.device(out.device):
         plan = _PLANS.get(key)
         if plan is None:
             desc = descriptors(*key[:5], key[5], key[6], m, key[7], key[8], key[9], setting)
-            plan = (*desc[:4], candidates(out.device, *desc, CANDIDATES, setting))
-            if not plan[4]:
-                _PLANS[key] = plan
-                return False
+            plan = _PLANS[key] = (*desc[:4], candidates(out.device, *desc, CANDIDATES, setting))
         desc, la, lb, ld, algos = plan
-        if not algos:
+        if len(algos) > 1:  # the plan keeps the choice for this shape
+            # timed only outside a capture, on a product big enough to time, into out where the call overwrites it
+            # anyway (an accumulator is not); else the first choice
+            timed = not (accumulate or torch.cuda.is_current_stream_capturing() or 2 * m * n * k < MIN_TIMED_FLOP)
+            algos[:] = _fastest(out, desc, la, lb, ld, algos, b, a, setting) if timed else algos[:1]
+        if not algos:  # no candidate, or none that ran
             return False
-        if len(algos) > 1 and not torch.cuda.is_current_stream_capturing():
-            # timed into out itself where the call overwrites it anyway; an accumulator is kept
-            algos = [_fastest(torch.empty_like(out) if accumulate else out, desc, la, lb, ld, algos, b, a, setting)]
-        elif len(algos) > 1:  # no timing inside a capture: the first choice, kept for this shape
-            algos = algos[:1]
-        _PLANS[key] = (desc, la, lb, ld, algos)
         launch(out.device, desc, la, lb, ld, algos[0], b.data_ptr(), a.data_ptr(), out.data_ptr(),
                1.0 if accumulate else 0.0, setting)
     return True
 
 
-def _fastest(out, desc, la, lb, ld, algos, a_cb, b_cb, setting) -> Heuristic:
-    """The candidate to keep: the fastest by CUDA-event timing where it beats the first by MARGIN, else the first.
-    Runs each on the call's own inputs, writing `out`."""
+def _fastest(out, desc, la, lb, ld, algos, a_cb, b_cb, setting) -> list[Heuristic]:
+    """[the candidate to keep] by CUDA-event timing (`pick`), each run until ~TIMED_MS of GPU time with one workspace
+    for all; [] where none ran. Runs each on the call's own inputs, writing `out`."""
+    work = torch.empty(max(max(a.workspace for a in algos), 1), dtype=torch.uint8, device=out.device)
     times = []
     for algo in algos:
         def run(algo=algo):
-            launch(out.device, desc, la, lb, ld, algo, a_cb.data_ptr(), b_cb.data_ptr(), out.data_ptr(), 0.0, setting)
+            launch(out.device, desc, la, lb, ld, algo, a_cb.data_ptr(), b_cb.data_ptr(), out.data_ptr(), 0.0, setting,
+                   work)
         try:
             run()
+            once = _elapsed(run, 1)
+            times.append(_elapsed(run, max(2, min(50, round(TIMED_MS / max(once, 1e-3))))))
         except RuntimeError:  # a candidate the library offers but cannot run here
             times.append(float("inf"))
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return algos[pick(times)]
+    return [] if min(times) == float("inf") else [algos[pick(times)]]
+
+
+def _elapsed(run, reps: int) -> float:
+    """Milliseconds a run of `run` takes, by CUDA events over `reps` runs."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 def pick(times: list[float]) -> int:
-    """The index of the fastest time where it is at least MARGIN below the first's, else 0 (the first)."""
-    best = min(range(len(times)), key=times.__getitem__)
-    return best if times[best] < (1 - MARGIN) * times[0] else 0
+    """The first (lowest) index whose time is within MARGIN of the fastest: the heuristic's first choice unless
+    another is at least MARGIN faster, and among near-ties always the earliest, so reruns choose alike."""
+    best = min(times)
+    return next(i for i, t in enumerate(times) if t <= best * (1 + MARGIN))
