@@ -72,3 +72,34 @@ def test_the_digest_follows_the_graph_not_the_run_length():
                                                                         "compile.cache_dir='/x'"]))
     assert graph_digest(base) != graph_digest(load_config("gpt2-124m", ["model.args.n_layer=2"]))
     assert graph_digest(base) != graph_digest(load_config("gpt2-124m", ["data.batch_size=8"]))
+
+
+def test_a_graph_with_the_weight_copies_is_kept_by_aot_autograds_cache(tmp_path, monkeypatch):
+    """The weight copies' bias cast is a custom autograd.Function; torch's AOT-autograd cache bypasses such a graph
+    unless told it may keep it, and a warm start would then re-trace forward and backward."""
+    from torch._dynamo.utils import counters
+
+    from turbotrain.accel import weight_copies as wc
+    from turbotrain.models.gpt import build
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    from turbotrain.accel import compile_cache as cc
+
+    config = torch._functorch.config
+    assert open_compile_cache(CompileConfig(enabled=True, cache_dir=str(tmp_path)), CPU, "wc") is not None
+    assert config.autograd_cache_allow_custom_autograd_functions
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = build(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    assert wc.apply_weight_copies(model, True) > 0
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.compile(model)(torch.randint(0, 64, (2, 16))).float().square().mean().backward()
+        got = dict(counters["aot_autograd"])
+    finally:
+        torch._dynamo.reset()
+        assert open_compile_cache(CompileConfig(enabled=False), CPU, "wc") is None  # puts the flag back
+    assert got.get("autograd_cache_bypass", 0) == 0 and got.get("autograd_cache_saved", 0) == 1, got
+    assert config.autograd_cache_allow_custom_autograd_functions == cc._flags[cc._AOT_FLAG]  # as the process had it

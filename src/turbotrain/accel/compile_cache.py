@@ -38,6 +38,8 @@ MAGIC = b"turbotrain-compile-cache 1\n"  # then the payload's sha256 (hex) and a
 # sections whose values change the compiled graphs; the rest (steps, lr, logging, paths) does not
 GRAPH_SECTIONS = ("model", "compile", "precision", "memory", "parallel", "kernels")
 _ours: set[str] = set()  # env values this process set, told apart from a user's own TORCHINDUCTOR_CACHE_DIR
+_AOT_FLAG = "autograd_cache_allow_custom_autograd_functions"
+_flags: dict[str, bool] = {}  # torch config flags as this process found them
 _before: dict[str, str | None] = {}  # each variable's value before this process first pointed it: put back when a
 # later run in the process (the Python API) has the cache off or unusable, which would else keep writing to ours
 
@@ -98,6 +100,7 @@ def open_compile_cache(comp: CompileConfig, device: torch.device, digest: str) -
         return None
     _point_env("TORCHINDUCTOR_CACHE_DIR", folder / "inductor")
     _point_env("TRITON_CACHE_DIR", folder / "triton")
+    _allow_autograd_functions(True)
     cache = CompileCache(folder, folder / f"{digest}.bin")
     cache.loaded = _load(cache.artifacts)
     if not cache.loaded:
@@ -121,8 +124,21 @@ def _unwritable(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
+def _allow_autograd_functions(on: bool) -> None:
+    """AOT autograd's cache takes graphs holding a custom autograd.Function (torch's flag, off by default). Its
+    forward and backward are traced into the graph, so the cache key holds their ops; without it a graph with one
+    (the weight copies' bias cast, models/structure.py) bypasses that cache, and a warm start re-traces forward and
+    backward. `on=False` puts back the value this process found."""
+    config = torch._functorch.config
+    if not hasattr(config, _AOT_FLAG):  # an older torch
+        return
+    _flags.setdefault(_AOT_FLAG, getattr(config, _AOT_FLAG))
+    setattr(config, _AOT_FLAG, True if on else _flags[_AOT_FLAG])
+
+
 def _unpoint() -> None:
     """Put back the variables this process pointed at a compile cache, where they still point there."""
+    _allow_autograd_functions(False)
     for var, value in _before.items():
         if os.environ.get(var) in _ours:
             if value is None:
