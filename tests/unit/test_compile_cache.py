@@ -84,9 +84,10 @@ def test_a_graph_with_the_weight_copies_is_kept_by_aot_autograds_cache(tmp_path,
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    import torch._functorch.config as config
+
     from turbotrain.accel import compile_cache as cc
 
-    config = torch._functorch.config
     assert open_compile_cache(CompileConfig(enabled=True, cache_dir=str(tmp_path)), CPU, "wc") is not None
     assert config.autograd_cache_allow_custom_autograd_functions
     torch._dynamo.reset()

@@ -129,7 +129,8 @@ def _allow_autograd_functions(on: bool) -> None:
     forward and backward are traced into the graph, so the cache key holds their ops; without it a graph with one
     (the weight copies' bias cast, models/structure.py) bypasses that cache, and a warm start re-traces forward and
     backward. `on=False` puts back the value this process found."""
-    config = torch._functorch.config
+    import torch._functorch.config as config
+
     if not hasattr(config, _AOT_FLAG):  # an older torch
         return
     _flags.setdefault(_AOT_FLAG, getattr(config, _AOT_FLAG))
