@@ -11,6 +11,7 @@ from turbotrain.models import cublaslt as lt
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or lt.problem() is not None,
                                                   reason="needs a GPU with cuBLASLt")]
 S = "kernels.fused_loss"
+lt_fastest = lt._fastest
 
 
 def _close(got, want, rel):
@@ -36,7 +37,10 @@ def test_the_heads_gemms_equal_torchs():
     assert torch.equal(again, logits)  # the kept algorithm, the same bits
 
 
-def test_a_product_big_enough_is_timed_and_keeps_its_choice():
+def test_a_product_big_enough_is_timed_and_keeps_its_choice(monkeypatch):
+    timed = []
+    monkeypatch.setattr(lt, "_PLANS", {})  # a fresh plan whatever ran before in this process
+    monkeypatch.setattr(lt, "_fastest", lambda *args: timed.append(1) or lt_fastest(*args))
     torch.manual_seed(3)
     h = torch.randn(8192, 768, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(50304, 768, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -44,11 +48,11 @@ def test_a_product_big_enough_is_timed_and_keeps_its_choice():
     assert 2 * 8192 * 50304 * 768 >= lt.MIN_TIMED_FLOP
     assert lt.matmul(logits, h, w, a_t=False, b_t=True, accumulate=False, setting=S)
     plans = [p for key, p in lt._PLANS.items() if key[2:5] == (50304, 8192, 768)]
-    assert len(plans) == 1 and len(plans[0][4]) == 1  # one algorithm kept for the shape
+    assert len(plans) == 1 and len(plans[0][4]) == 1 and timed == [1]  # timed once, one algorithm kept
     _close(logits[:256], h[:256].float() @ w.float().t(), 1e-2)
     again = torch.empty_like(logits)
     assert lt.matmul(again, h, w, a_t=False, b_t=True, accumulate=False, setting=S)
-    assert torch.equal(again, logits)
+    assert torch.equal(again, logits) and timed == [1]  # the kept choice, not timed again
 
 
 def test_an_accumulating_call_on_a_new_shape_keeps_the_accumulator():

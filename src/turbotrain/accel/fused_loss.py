@@ -123,8 +123,8 @@ def _chunked_linear_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tens
 
 
 def _head(hc: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """hc @ w^T; on a GPU by cuBLASLt's fastest algorithm for the shape (models/cublaslt.py: for GPT-2's head,
-    ~9 % faster than cuBLAS's first choice on an H200)."""
+    """hc @ w^T; on a GPU by cuBLASLt's fastest algorithm for the shape (models/cublaslt.py), which for a head's
+    shapes is often not cuBLAS's first choice."""
     if hc.is_cuda and _cublaslt_ok():
         logits = hc.new_empty(hc.shape[0], w.shape[0])
         if not cublaslt.matmul(logits, hc, w, a_t=False, b_t=True, accumulate=False, setting=SETTING):

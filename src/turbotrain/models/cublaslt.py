@@ -2,9 +2,9 @@
 
 Two users: the GELU epilogue GEMMs (models/gelu_epilogue.py, cuBLASLt's heuristic first choice) and `matmul`, a
 plain GEMM whose algorithm is chosen by timing cuBLASLt's candidates once per shape (the fused loss's LM-head
-GEMMs, accel/fused_loss.py). For the LM head's forward and weight-gradient GEMMs cuBLAS's first choice is a
-cooperative kernel ~9 % slower than another of its candidates on an H200 (benchmarks/NOTES.md, session 31); every
-candidate computes the same product, each with its own order of summation.
+GEMMs, accel/fused_loss.py): cuBLAS's first choice is not always its fastest candidate, and for the LM head's
+forward and weight-gradient GEMMs another is clearly faster (benchmarks/NOTES.md). Every candidate computes the same
+product, each with its own order of summation.
 
 `matmul` times the candidates the first time it meets a shape, and keeps the earliest candidate within MARGIN of the
 fastest: the first unless another is clearly faster, so reruns choose alike. A shape first met inside a CUDA-graph
@@ -185,7 +185,7 @@ def matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_t: bool, b_t: 
 def _fastest(out, desc, la, lb, ld, algos, a_cb, b_cb, setting) -> list[Heuristic]:
     """[the candidate to keep] by CUDA-event timing (`pick`), each run until ~TIMED_MS of GPU time with one workspace
     for all; [] where none ran. Runs each on the call's own inputs, writing `out`."""
-    work = torch.empty(max(max(a.workspace for a in algos), 1), dtype=torch.uint8, device=out.device)
+    work = torch.empty(max([1, *(h.workspace for h in algos)]), dtype=torch.uint8, device=out.device)
     times = []
     for algo in algos:
         def run(algo=algo):
